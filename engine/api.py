@@ -1,0 +1,89 @@
+"""Public types of the engine: requests, streamed events, results and their stats.
+
+The server (and any other caller) talks to the engine only through these types and `Engine`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class StopReason(enum.Enum):
+    EOS = "eos"
+    MAX_TOKENS = "max_tokens"
+    STOP_STRING = "stop_string"
+    DEADLINE = "deadline"
+    CANCELLED = "cancelled"
+    CONTEXT_FULL = "context_full"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to decode. Greedy unless temperature > 0."""
+
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """A prompt already in token ids, how to decode it, and which cache slot it prefers.
+
+    `deadline` is an absolute `time.monotonic()` value; generation stops with
+    StopReason.DEADLINE once it passes. `slot_key` (e.g. a document URI) is a hint: the slot with the
+    longest common prefix wins, ties go to the slot last used with this key.
+    """
+
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    slot_key: str | None = None
+    deadline: float | None = None
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token. `text` is the newly decodable text (may be '' mid UTF-8 sequence)."""
+
+    index: int
+    token_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class CompletionStats:
+    prompt_tokens: int
+    reused_tokens: int
+    prefilled_tokens: int
+    generated_tokens: int
+    queue_s: float
+    ttft_s: float | None
+    decode_tokens_per_s: float | None
+    total_s: float
+    stop_reason: StopReason
+    slot: int
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["stop_reason"] = self.stop_reason.value
+        return d
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    token_ids: tuple[int, ...]
+    stats: CompletionStats
+    error: str | None = None

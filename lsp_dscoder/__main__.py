@@ -1,0 +1,41 @@
+"""Command line: `lsp-dscoder [serve] --stdio|--tcp`, `complete`, `bench`, `eval`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from lsp_dscoder import __version__
+
+# subcommand -> module defining add_arguments(parser) and run(args) -> int
+COMMANDS = {
+    "serve": ("lsp_dscoder.server_main", "run the language server (default)"),
+    "complete": ("lsp_dscoder.cli_complete", "complete a file at a position and print the timings"),
+    "bench": ("lsp_dscoder.bench", "benchmark the engine against transformers and the hardware floors"),
+    "eval": ("lsp_dscoder.evaluate", "evaluate a model on held-out files (FIM, line exact match, perplexity)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lsp-dscoder", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"lsp-dscoder {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `lsp-dscoder --stdio` and a bare `lsp-dscoder` mean `serve`.
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv.insert(0, "serve")
+    args = build_parser().parse_args(argv)
+    module = importlib.import_module(COMMANDS[args.command][0])
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
