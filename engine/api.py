@@ -55,10 +55,12 @@ class CompletionRequest:
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """One generated token. `text` is the newly decodable text (may be '' mid UTF-8 sequence)."""
+    """Text that became final. Normally one generated token (`text` may be '' mid UTF-8 character or
+    while it could still be the start of a stop string); the last event of a stream may carry only the
+    held-back text, with `token_id` None. The concatenated texts equal `Completion.text`."""
 
     index: int
-    token_id: int
+    token_id: int | None
     text: str
 
 

@@ -1,0 +1,268 @@
+"""The engine: one thread owns the device; callers submit requests and consume token streams.
+
+`Engine` is the only API the server uses. Submitting is thread-safe; a `CompletionHandle` can be
+consumed from a thread (iteration, `result`) or from asyncio (`stream`, `wait`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import torch
+from lsp_dscoder.engine.api import Completion, CompletionRequest, StopReason, TokenEvent
+from lsp_dscoder.engine.checkpoint import resolve_model
+from lsp_dscoder.engine.config import EngineConfig, ModelConfig
+from lsp_dscoder.engine.errors import CheckpointError, ContextOverflowError, EngineClosedError, EngineError
+from lsp_dscoder.engine.generate import generate
+from lsp_dscoder.engine.kv_cache import KVCache
+from lsp_dscoder.engine.model import Transformer
+from lsp_dscoder.engine.tokenizer import Tokenizer
+from lsp_dscoder.engine.weights import load_weights
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str, int, int], None]
+
+
+class CompletionHandle:
+    """One submitted request: its token events as they come, then its `Completion` (or error)."""
+
+    def __init__(self, request: CompletionRequest) -> None:
+        self.request = request
+        self.submitted_at = time.perf_counter()
+        self._cancel = threading.Event()
+        self._cond = threading.Condition()
+        self._events: list[TokenEvent] = []
+        self._result: Completion | None = None
+        self._error: EngineError | None = None
+        self._done = False
+        self._wakers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    def cancel(self) -> None:
+        """Ask the engine to stop at the next check (between decode steps or prefill chunks)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    # -- engine side ---------------------------------------------------------------------------------
+    def _publish(
+        self,
+        event: TokenEvent | None = None,
+        result: Completion | None = None,
+        error: EngineError | None = None,
+    ) -> None:
+        with self._cond:
+            if event is not None:
+                self._events.append(event)
+            if result is not None or error is not None:
+                self._result, self._error, self._done = result, error, True
+            self._cond.notify_all()
+            wakers = list(self._wakers)
+        for loop, flag in wakers:
+            try:
+                loop.call_soon_threadsafe(flag.set)
+            except RuntimeError:  # the consumer's loop has closed; nobody is listening any more
+                pass
+
+    # -- consumer side -------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[TokenEvent]:
+        i = 0
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: len(self._events) > i or self._done)
+                new, done = self._events[i:], self._done
+            yield from new
+            i += len(new)
+            if done and not new:
+                self._raise()
+                return
+
+    def result(self, timeout: float | None = None) -> Completion:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._done, timeout):
+                raise TimeoutError("completion did not finish in time")
+        self._raise()
+        assert self._result is not None
+        return self._result
+
+    async def stream(self) -> AsyncIterator[TokenEvent]:
+        flag = asyncio.Event()
+        entry = (asyncio.get_running_loop(), flag)
+        with self._cond:
+            self._wakers.append(entry)
+        try:
+            i = 0
+            while True:
+                flag.clear()
+                with self._cond:
+                    new, done = self._events[i:], self._done
+                for event in new:
+                    yield event
+                i += len(new)
+                if done and not new:
+                    self._raise()
+                    return
+                if not new:
+                    await flag.wait()
+        finally:
+            with self._cond:
+                self._wakers.remove(entry)
+
+    async def wait(self) -> Completion:
+        async for _ in self.stream():
+            pass
+        assert self._result is not None
+        return self._result
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+
+class ReferenceRunner:
+    """Plain PyTorch on any device: the oracle."""
+
+    def __init__(self, model: Transformer, cache: KVCache) -> None:
+        self.model, self.cache = model, cache
+
+    def prefill(self, ids: torch.Tensor, start: int, slot: int) -> torch.Tensor:
+        return self.model.forward_reference(ids, start, self.cache, slot)
+
+    def decode(self, token: int, pos: int, slot: int) -> torch.Tensor:
+        ids = torch.tensor([token], dtype=torch.long, device=self.model.device)
+        return self.model.forward_reference(ids, pos, self.cache, slot)
+
+
+class Engine:
+    def __init__(self, config: EngineConfig, progress: Progress | None = None) -> None:
+        self.config = config
+        report = progress or (lambda stage, done, total: None)
+        folder = resolve_model(config.model)
+        self.model_path = folder
+        report("reading config", 0, 1)
+        self.model_config = ModelConfig.from_file(folder / "config.json")
+        self.tokenizer = Tokenizer(folder)
+        if self.tokenizer.vocab_size > self.model_config.vocab_size:
+            raise CheckpointError(
+                f"tokenizer has {self.tokenizer.vocab_size} tokens but the model only {self.model_config.vocab_size}"
+            )
+        self.device = torch.device(config.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise EngineError(f"device {config.device} requested but CUDA is not available here")
+        weights = load_weights(folder, self.model_config, self.device, config.torch_dtype, report)
+        self.max_context = config.max_context
+        report("allocating KV cache", 0, 1)
+        pad = 0
+        self.cache = KVCache(
+            self.model_config, config.num_slots, config.max_context, self.device, config.torch_dtype, pad=pad
+        )
+        self.model = Transformer(self.model_config, weights, self.cache.capacity)
+        self.runner = ReferenceRunner(self.model, self.cache)
+        report("ready", 1, 1)
+        self._queue: queue.Queue[CompletionHandle | None] = queue.Queue()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._counters = dict.fromkeys(
+            (
+                "requests",
+                "completed",
+                "cancelled",
+                "errors",
+                "prompt_tokens",
+                "reused_tokens",
+                "prefilled_tokens",
+                "generated_tokens",
+            ),
+            0,
+        )
+        self._ttfts: deque[float] = deque(maxlen=1000)
+        self._thread = threading.Thread(target=self._loop, name="lsp-dscoder-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: CompletionRequest) -> CompletionHandle:
+        """Queue a request; returns at once. Raises ContextOverflowError / EngineError on bad input."""
+        if self._closed:
+            raise EngineClosedError("the engine has been shut down")
+        n = len(request.prompt_ids)
+        if n == 0:
+            raise EngineError("empty prompt: at least one token (e.g. BOS) is required")
+        if n > self.max_context:
+            raise ContextOverflowError(f"prompt of {n} tokens exceeds the max context of {self.max_context}")
+        bad = [t for t in request.prompt_ids if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise EngineError(
+                f"token id {bad[0]} is outside the vocabulary (0..{self.model_config.vocab_size - 1})"
+            )
+        handle = CompletionHandle(request)
+        with self._lock:
+            self._counters["requests"] += 1
+        self._queue.put(handle)
+        return handle
+
+    def complete(self, request: CompletionRequest, timeout: float | None = None) -> Completion:
+        return self.submit(request).result(timeout)
+
+    def stats(self) -> dict:
+        with self._lock:
+            out: dict = dict(self._counters)
+            ttfts = sorted(self._ttfts)
+        if ttfts:
+            out["ttft_ms"] = {
+                f"p{q}": 1e3 * ttfts[min(len(ttfts) - 1, int(q / 100 * len(ttfts)))] for q in (50, 90, 99)
+            }
+        out["slots"] = [len(s.tokens) for s in self.cache.slots]
+        return out
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _loop(self) -> None:
+        while (handle := self._queue.get()) is not None:
+            try:
+                result = generate(
+                    handle.request,
+                    self.runner,
+                    self.cache,
+                    self.tokenizer,
+                    handle._cancel,
+                    lambda ev, h=handle: h._publish(event=ev),
+                    self.config.prefill_chunk,
+                    handle.submitted_at,
+                )
+            except Exception as e:  # any failure of one request must not stop the engine thread
+                log.exception("request failed")
+                with self._lock:
+                    self._counters["errors"] += 1
+                handle._publish(
+                    error=e if isinstance(e, EngineError) else EngineError(f"generation failed: {e}")
+                )
+                continue
+            s = result.stats
+            with self._lock:
+                c = self._counters
+                c["completed" if s.stop_reason is not StopReason.CANCELLED else "cancelled"] += 1
+                for key in ("prompt_tokens", "reused_tokens", "prefilled_tokens", "generated_tokens"):
+                    c[key] += getattr(s, key)
+                if s.ttft_s is not None:
+                    self._ttfts.append(s.ttft_s)
+            handle._publish(result=result)

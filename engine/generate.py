@@ -1,0 +1,160 @@
+"""The hot path: prefill the tokens the cache lacks, then decode one token at a time.
+
+`generate` reads top to bottom: match a cache slot, prefill in chunks (checking cancel/deadline between
+chunks), then sample / stream / feed back until a stop condition. The arithmetic is a `Runner`'s: the
+reference path (any device) or the fast path (CUDA).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from lsp_dscoder.engine.api import Completion, CompletionRequest, CompletionStats, StopReason, TokenEvent
+from lsp_dscoder.engine.kv_cache import KVCache
+from lsp_dscoder.engine.tokenizer import Tokenizer
+
+
+class Runner(Protocol):
+    def prefill(self, ids: torch.Tensor, start: int, slot: int) -> torch.Tensor:
+        """Run ids (T,) at positions start.. of slot; logits (1, V) float32 of the last position."""
+        ...
+
+    def decode(self, token: int, pos: int, slot: int) -> torch.Tensor:
+        """Run one token at position pos; logits (1, V) float32."""
+        ...
+
+
+def sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None) -> int:
+    if temperature <= 0:
+        return int(logits.argmax(dim=-1).item())
+    probs = torch.softmax(logits.float().squeeze(0) / temperature, dim=-1)  # (V,)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(0) - sorted_p < top_p  # always keeps the most likely token
+        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=gen).item())
+
+
+class StopStringFilter:
+    """Holds back text that may be the start of a stop string; cuts the text at the first stop string."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self.text = ""  # all decoded text so far
+        self.emitted = 0  # chars of self.text already released
+
+    def push(self, delta: str) -> tuple[str, bool]:
+        """Add decoded text; return (text now safe to release, whether a stop string was hit)."""
+        before = len(self.text)
+        self.text += delta
+        hits = [i for s in self.stops if (i := self.text.find(s, max(0, before - len(s) + 1))) >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            return self._release(len(self.text)), True
+        hold = max((k for s in self.stops for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
+        return self._release(len(self.text) - hold), False
+
+    def _release(self, upto: int) -> str:
+        out = self.text[self.emitted : upto]
+        self.emitted = max(self.emitted, upto)
+        return out
+
+    def flush(self) -> str:
+        return self._release(len(self.text))
+
+
+def generate(
+    request: CompletionRequest,
+    runner: Runner,
+    cache: KVCache,
+    tokenizer: Tokenizer,
+    cancel: threading.Event,
+    emit: Callable[[TokenEvent], None],
+    prefill_chunk: int,
+    queued_at: float,
+) -> Completion:
+    started = time.perf_counter()
+    prompt, params = request.prompt_ids, request.params
+    device = cache.buffer.device
+
+    def interrupted() -> StopReason | None:
+        if cancel.is_set():
+            return StopReason.CANCELLED
+        if request.deadline is not None and time.monotonic() >= request.deadline:
+            return StopReason.DEADLINE
+        return None
+
+    # 1. Prefix reuse: only the tokens after the longest common prefix are prefilled.
+    match = cache.match(prompt, request.slot_key)
+    slot, pos, logits = match.slot, match.reused, match.cached_logits
+    slot.logits = {p: t for p, t in slot.logits.items() if p == len(prompt) - 1}
+    stop = interrupted()
+    while stop is None and pos < len(prompt):
+        n = min(prefill_chunk, len(prompt) - pos)
+        ids = torch.tensor(prompt[pos : pos + n], dtype=torch.long, device=device)  # (n,)
+        logits = runner.prefill(ids, pos, slot.index)
+        slot.tokens.extend(prompt[pos : pos + n])  # kept even if cancelled next
+        pos += n
+        stop = interrupted()
+    prefilled = pos - match.reused
+    if logits is not None and pos == len(prompt):
+        slot.logits[pos - 1] = logits
+
+    # 2. Decode: sample, stream, feed the token back (its K/V stays cached for the next request).
+    gen = torch.Generator(device="cpu").manual_seed(params.seed) if params.seed is not None else None
+    decoder, stops = tokenizer.stream(), StopStringFilter(params.stop)
+    out: list[int] = []
+    ttft: float | None = None
+    first_at = time.perf_counter()
+    while stop is None:
+        if len(out) >= params.max_tokens:
+            stop = StopReason.MAX_TOKENS
+            break
+        token = sample(
+            logits.to("cpu") if params.temperature > 0 else logits, params.temperature, params.top_p, gen
+        )
+        if ttft is None:
+            first_at = time.perf_counter()
+            ttft = first_at - started
+        if token == tokenizer.eos_id:
+            stop = StopReason.EOS
+            break
+        out.append(token)
+        text, hit = stops.push(decoder.push(token))
+        emit(TokenEvent(index=len(out) - 1, token_id=token, text=text))
+        if hit:
+            stop = StopReason.STOP_STRING
+        elif len(out) >= params.max_tokens:
+            stop = StopReason.MAX_TOKENS  # no need to run the model for a token nobody will read
+        elif pos >= cache.max_context:
+            stop = StopReason.CONTEXT_FULL
+        else:
+            stop = interrupted()
+        if stop is None:
+            logits = runner.decode(token, pos, slot.index)
+            slot.tokens.append(token)
+            slot.logits[pos] = logits
+            pos += 1
+    if stop is not StopReason.STOP_STRING:
+        tail = stops.push(decoder.flush())[0] + stops.flush()
+        if tail:
+            emit(TokenEvent(index=len(out), token_id=None, text=tail))
+    done = time.perf_counter()
+    decode_s = done - first_at
+    stats = CompletionStats(
+        prompt_tokens=len(prompt),
+        reused_tokens=match.reused,
+        prefilled_tokens=prefilled,
+        generated_tokens=len(out),
+        queue_s=started - queued_at,
+        ttft_s=ttft,
+        decode_tokens_per_s=(len(out) - 1) / decode_s if len(out) > 1 and decode_s > 0 else None,
+        total_s=done - started,
+        stop_reason=stop,
+        slot=slot.index,
+    )
+    return Completion(text=stops.text[: stops.emitted], token_ids=tuple(out), stats=stats)

@@ -1,0 +1,86 @@
+"""The transformer: Llama architecture as DeepSeek-Coder uses it, with the plain-PyTorch reference path.
+
+The reference path runs anywhere (CPU included) and is the oracle the fast path is checked against.
+Both read and write the same KV buffer (engine/kv_cache.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from lsp_dscoder.engine.config import ModelConfig
+from lsp_dscoder.engine.kv_cache import KVCache
+from lsp_dscoder.engine.weights import Weights
+
+
+def rope_tables(cfg: ModelConfig, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (length, D) in float32, with linear scaling (positions divided by the factor)."""
+    d = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+    pos = torch.arange(length, device=device, dtype=torch.float32) / cfg.rope_scaling_factor
+    freqs = torch.outer(pos, inv_freq)  # (L, D/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (L, D)
+    return emb.cos(), emb.sin()
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def apply_rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (T, heads, D); cos/sin (T, D) already in x's dtype. The rotate-half convention of HF Llama."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class Transformer:
+    """Weights + config + rope tables; `forward_reference` is the readable path."""
+
+    def __init__(self, cfg: ModelConfig, weights: Weights, rope_length: int) -> None:
+        self.cfg = cfg
+        self.w = weights
+        self.device = weights.embed.device
+        self.dtype = weights.embed.dtype
+        self.cos, self.sin = rope_tables(cfg, rope_length, self.device)
+
+    @torch.inference_mode()
+    def forward_reference(
+        self, ids: torch.Tensor, start: int, cache: KVCache, slot: int, all_logits: bool = False
+    ) -> torch.Tensor:
+        """Run tokens `ids` (T,) at positions start..start+T-1 of `slot`; store their K/V in the cache.
+
+        Returns float32 logits (T, V) if all_logits else (1, V) for the last position.
+        """
+        cfg, w = self.cfg, self.w
+        t = ids.shape[0]
+        h_, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        end = start + t
+        cos = self.cos[start:end].to(self.dtype)  # (T, D)
+        sin = self.sin[start:end].to(self.dtype)
+        # query i (absolute position start+i) sees key positions <= start+i
+        mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(diagonal=start)  # (T, S)
+        h = w.embed[ids]  # (T, C)
+        for n, layer in enumerate(w.layers):
+            x = rms_norm_ref(h, layer.input_norm, cfg.rms_norm_eps)
+            qkv = x @ layer.wqkv.T  # (T, (H + 2*KVH) * D)
+            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q = apply_rope_ref(q.view(t, h_, d), cos, sin)  # (T, H, D)
+            k = apply_rope_ref(k.view(t, kvh, d), cos, sin)  # (T, KVH, D)
+            k_cache, v_cache = cache.k(n, slot), cache.v(n, slot)  # (KVH, capacity, D)
+            k_cache[:, start:end] = k.transpose(0, 1)
+            v_cache[:, start:end] = v.view(t, kvh, d).transpose(0, 1)
+            keys = k_cache[:, :end].repeat_interleave(h_ // kvh, dim=0)  # (H, S, D)
+            values = v_cache[:, :end].repeat_interleave(h_ // kvh, dim=0)  # (H, S, D)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(0, 1), keys, values, attn_mask=mask
+            )  # (H, T, D)
+            h = h + attn.transpose(0, 1).reshape(t, cfg.q_size) @ layer.wo.T  # (T, C)
+            x = rms_norm_ref(h, layer.post_norm, cfg.rms_norm_eps)
+            gate, up = (x @ layer.w_gate_up.T).chunk(2, dim=-1)  # (T, I) each
+            h = h + (F.silu(gate) * up) @ layer.w_down.T
+        if not all_logits:
+            h = h[-1:]  # the LM head runs on the last position only
+        return (rms_norm_ref(h, w.norm, cfg.rms_norm_eps) @ w.lm_head.T).float()  # (T or 1, V)

@@ -1,0 +1,97 @@
+"""Tokenizer of a checkpoint folder: FIM token ids looked up by name, and incremental decoding that
+never splits a multi-byte UTF-8 character."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lsp_dscoder.engine.errors import CheckpointError
+from tokenizers import Tokenizer as HFTokenizer
+
+FIM_BEGIN = "<｜fim▁begin｜>"
+FIM_HOLE = "<｜fim▁hole｜>"
+FIM_END = "<｜fim▁end｜>"
+BOS = "<｜begin▁of▁sentence｜>"
+EOS = "<｜end▁of▁sentence｜>"
+
+
+def _token_name(value: object) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class Tokenizer:
+    def __init__(self, folder: Path) -> None:
+        path = folder / "tokenizer.json"
+        if not path.exists():
+            raise CheckpointError(f"missing tokenizer.json in checkpoint folder {folder}")
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception on malformed files
+            raise CheckpointError(f"{path} is not a valid tokenizer file: {e}") from None
+        # Text in documents that happens to spell a special token is text, not a control token.
+        self._tok.encode_special_tokens = True
+        cfg: dict = {}
+        if (folder / "tokenizer_config.json").exists():
+            try:
+                cfg = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                raise CheckpointError(f"{folder / 'tokenizer_config.json'} is not valid JSON: {e}") from None
+        self.bos_id = self._lookup(_token_name(cfg.get("bos_token")) or BOS, folder)
+        self.eos_id = self._lookup(_token_name(cfg.get("eos_token")) or EOS, folder)
+        self.fim_begin_id = self._lookup(FIM_BEGIN, folder)
+        self.fim_hole_id = self._lookup(FIM_HOLE, folder)
+        self.fim_end_id = self._lookup(FIM_END, folder)
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+
+    def _lookup(self, name: str, folder: Path) -> int:
+        token_id = self._tok.token_to_id(name)
+        if token_id is None or self._tok.id_to_token(token_id) != name:
+            raise CheckpointError(
+                f"the tokenizer in {folder} has no {name} token: not a DeepSeek-Coder tokenizer with FIM support"
+            )
+        return token_id
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, no special tokens added."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int] | tuple[int, ...]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        return self._tok.id_to_token(token_id) or ""
+
+    def stream(self) -> IncrementalDecoder:
+        return IncrementalDecoder(self)
+
+
+class IncrementalDecoder:
+    """Turns a stream of token ids into text deltas; holds back bytes of an unfinished UTF-8 character.
+
+    Decodes a short window (from the last emitted boundary) so each step costs O(window), not O(n).
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tok = tokenizer
+        self._ids: list[int] = []
+        self._prefix = 0  # window start
+        self._read = 0  # end of what has been emitted
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        done = self._tok.decode(self._ids[self._prefix : self._read])
+        text = self._tok.decode(self._ids[self._prefix :])
+        if len(text) > len(done) and not text.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self._ids)
+            return text[len(done) :]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character at the very end decodes as U+FFFD)."""
+        done = self._tok.decode(self._ids[self._prefix : self._read])
+        text = self._tok.decode(self._ids[self._prefix :])
+        self._prefix = self._read = len(self._ids)
+        return text[len(done) :]

@@ -1,0 +1,173 @@
+"""Weights from safetensors (single file or sharded through the index), checked against the config and
+fused at load: Q/K/V into one projection, gate/up into one."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from lsp_dscoder.engine.config import ModelConfig
+from lsp_dscoder.engine.errors import CheckpointError
+from safetensors import SafetensorError, safe_open
+
+Progress = Callable[[str, int, int], None]
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor  # (C,)
+    wqkv: torch.Tensor  # (H*D + 2*KVH*D, C)
+    wo: torch.Tensor  # (C, H*D)
+    post_norm: torch.Tensor  # (C,)
+    w_gate_up: torch.Tensor  # (2*I, C)
+    w_down: torch.Tensor  # (C, I)
+
+
+@dataclass
+class Weights:
+    embed: torch.Tensor  # (V, C)
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # (C,)
+    lm_head: torch.Tensor  # (V, C)
+
+
+def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    c, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, c), "model.norm.weight": (c,)}
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (v, c)
+    for n in range(cfg.num_layers):
+        p = f"model.layers.{n}."
+        shapes |= {
+            p + "input_layernorm.weight": (c,),
+            p + "post_attention_layernorm.weight": (c,),
+            p + "self_attn.q_proj.weight": (cfg.q_size, c),
+            p + "self_attn.k_proj.weight": (cfg.kv_size, c),
+            p + "self_attn.v_proj.weight": (cfg.kv_size, c),
+            p + "self_attn.o_proj.weight": (c, cfg.q_size),
+            p + "mlp.gate_proj.weight": (i, c),
+            p + "mlp.up_proj.weight": (i, c),
+            p + "mlp.down_proj.weight": (c, i),
+        }
+    return shapes
+
+
+def shard_map(folder: Path) -> dict[str, Path]:
+    """Tensor name -> file holding it, from the index when the checkpoint is sharded."""
+    if (folder / INDEX).exists():
+        try:
+            index = json.loads((folder / INDEX).read_text(encoding="utf-8"))
+            mapping = {name: folder / file for name, file in index["weight_map"].items()}
+        except (json.JSONDecodeError, KeyError, AttributeError) as e:
+            raise CheckpointError(f"{folder / INDEX} is not a valid safetensors index: {e}") from None
+        for file in sorted(set(mapping.values())):
+            if not file.exists():
+                raise CheckpointError(f"missing shard {file.name} (listed in {INDEX}) in {folder}")
+        return mapping
+    if (folder / SINGLE).exists():
+        return {}  # filled lazily from the single file's keys
+    hint = (
+        " (.bin checkpoints are not supported: use the safetensors files)"
+        if any(folder.glob("pytorch_model*.bin"))
+        else ""
+    )
+    raise CheckpointError(f"missing {SINGLE} or {INDEX} in checkpoint folder {folder}{hint}")
+
+
+def load_weights(
+    folder: Path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, progress: Progress | None = None
+) -> Weights:
+    mapping = shard_map(folder)
+    with ExitStack() as stack:
+        handles: dict[Path, object] = {}
+
+        def open_file(path: Path):
+            if path not in handles:
+                try:
+                    handles[path] = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+                except (SafetensorError, OSError, ValueError) as e:
+                    raise CheckpointError(
+                        f"{path.name} in {folder} is corrupted or not safetensors: {e}"
+                    ) from None
+            return handles[path]
+
+        if not mapping:
+            single = folder / SINGLE
+            mapping = {k: single for k in open_file(single).keys()}
+
+        def get(name: str) -> torch.Tensor:
+            if name not in mapping:
+                raise CheckpointError(f"tensor {name} is missing from the checkpoint in {folder}")
+            try:
+                return open_file(mapping[name]).get_tensor(name)
+            except (SafetensorError, OSError, RuntimeError) as e:
+                raise CheckpointError(f"cannot read {name} from {mapping[name].name}: {e}") from None
+
+        return weights_from_tensors(get, cfg, device, dtype, progress)
+
+
+def weights_from_tensors(
+    get: Callable[[str], torch.Tensor],
+    cfg: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: Progress | None = None,
+) -> Weights:
+    """Build fused `Weights` from a name -> tensor getter (a checkpoint, or a state_dict in tests)."""
+    shapes = expected_shapes(cfg)
+    total, done = cfg.num_layers + 2, 0
+
+    def take(name: str) -> torch.Tensor:
+        t = get(name)
+        if tuple(t.shape) != shapes[name]:
+            raise CheckpointError(
+                f"tensor {name} has shape {tuple(t.shape)} but config.json implies {shapes[name]}"
+            )
+        return t.to(device=device, dtype=dtype)
+
+    def step() -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress("loading weights", done, total)
+
+    embed = take("model.embed_tokens.weight")
+    step()
+    layers = []
+    for n in range(cfg.num_layers):
+        p = f"model.layers.{n}."
+        layers.append(
+            LayerWeights(
+                input_norm=take(p + "input_layernorm.weight"),
+                wqkv=torch.cat([take(p + f"self_attn.{x}_proj.weight") for x in "qkv"]).contiguous(),
+                wo=take(p + "self_attn.o_proj.weight"),
+                post_norm=take(p + "post_attention_layernorm.weight"),
+                w_gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
+                w_down=take(p + "mlp.down_proj.weight"),
+            )
+        )
+        step()
+    lm_head = embed if cfg.tie_word_embeddings else take("lm_head.weight")
+    weights = Weights(embed=embed, layers=layers, norm=take("model.norm.weight"), lm_head=lm_head)
+    step()
+    return weights
+
+
+def random_weights(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> Weights:
+    """Random tensors with the config's exact shapes (benchmarks at real model sizes without a download)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    shapes = expected_shapes(cfg)
+
+    def get(name: str) -> torch.Tensor:
+        if name.endswith("norm.weight"):
+            return torch.ones(shapes[name], device=device, dtype=dtype)
+        t = torch.empty(shapes[name], device=device, dtype=dtype)
+        return t.normal_(0.0, 0.02, generator=gen)
+
+    return weights_from_tensors(get, cfg, device, dtype)
