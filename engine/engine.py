@@ -7,6 +7,7 @@ consumed from a thread (iteration, `result`) or from asyncio (`stream`, `wait`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -15,6 +16,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import torch
+
 from lsp_dscoder.engine.api import Completion, CompletionRequest, StopReason, TokenEvent
 from lsp_dscoder.engine.checkpoint import resolve_model
 from lsp_dscoder.engine.config import EngineConfig, ModelConfig
@@ -70,17 +72,16 @@ class CompletionHandle:
             self._cond.notify_all()
             wakers = list(self._wakers)
         for loop, flag in wakers:
-            try:
+            # RuntimeError: the consumer's loop has closed; nobody is listening any more.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(flag.set)
-            except RuntimeError:  # the consumer's loop has closed; nobody is listening any more
-                pass
 
     # -- consumer side -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[TokenEvent]:
         i = 0
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: len(self._events) > i or self._done)
+                self._cond.wait_for(lambda n=i: len(self._events) > n or self._done)
                 new, done = self._events[i:], self._done
             yield from new
             i += len(new)
@@ -155,7 +156,8 @@ class Engine:
         self.tokenizer = Tokenizer(folder)
         if self.tokenizer.vocab_size > self.model_config.vocab_size:
             raise CheckpointError(
-                f"tokenizer has {self.tokenizer.vocab_size} tokens but the model only {self.model_config.vocab_size}"
+                f"tokenizer has {self.tokenizer.vocab_size} tokens "
+                f"but the model only {self.model_config.vocab_size}"
             )
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 import torch
+
 from lsp_dscoder.engine.api import Completion, CompletionRequest, CompletionStats, StopReason, TokenEvent
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.tokenizer import Tokenizer

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
 from lsp_dscoder.engine.config import ModelConfig
 
 
@@ -73,7 +74,7 @@ class KVCache:
         return self.buffer[layer, 1, slot]  # (KVH, capacity, D)
 
     def match(self, prompt: tuple[int, ...], key: str | None) -> Match:
-        """Pick the slot sharing the longest prefix with `prompt`; on no overlap, the key's slot or the LRU."""
+        """The slot sharing the longest prefix with `prompt`; on no overlap, the key's slot or the LRU."""
         self._clock += 1
 
         def rank(s: Slot) -> tuple[int, bool, int]:

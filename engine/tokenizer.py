@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lsp_dscoder.engine.errors import CheckpointError
 from tokenizers import Tokenizer as HFTokenizer
+
+from lsp_dscoder.engine.errors import CheckpointError
 
 FIM_BEGIN = "<｜fim▁begin｜>"
 FIM_HOLE = "<｜fim▁hole｜>"
@@ -50,7 +51,8 @@ class Tokenizer:
         token_id = self._tok.token_to_id(name)
         if token_id is None or self._tok.id_to_token(token_id) != name:
             raise CheckpointError(
-                f"the tokenizer in {folder} has no {name} token: not a DeepSeek-Coder tokenizer with FIM support"
+                f"the tokenizer in {folder} has no {name} token: "
+                "not a DeepSeek-Coder tokenizer with FIM support"
             )
         return token_id
 

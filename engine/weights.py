@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.errors import CheckpointError
-from safetensors import SafetensorError, safe_open
 
 Progress = Callable[[str, int, int], None]
 INDEX = "model.safetensors.index.json"
@@ -99,7 +100,7 @@ def load_weights(
 
         if not mapping:
             single = folder / SINGLE
-            mapping = {k: single for k in open_file(single).keys()}
+            mapping = {k: single for k in open_file(single).keys()}  # noqa: SIM118 (not a dict)
 
         def get(name: str) -> torch.Tensor:
             if name not in mapping:
