@@ -1,0 +1,153 @@
+/**
+ * Streamed suggestions: the latest `dscoder/partialCompletion` per document, checked against the
+ * document version and cursor position it was asked for, and what to show at a given anchor.
+ * No VS Code imports: unit-tested in node.
+ */
+
+export interface Position {
+  readonly line: number;
+  readonly character: number;
+}
+
+/** Params of the `dscoder/partialCompletion` notification. `text` is everything streamed so far. */
+export interface PartialCompletion {
+  readonly requestId: number | string;
+  readonly uri: string;
+  readonly version: number;
+  readonly position: Position;
+  readonly text: string;
+  readonly done: boolean;
+}
+
+export const PARTIAL_COMPLETION_METHOD = 'dscoder/partialCompletion';
+
+const isPosition = (p: unknown): p is Position =>
+  typeof p === 'object' &&
+  p !== null &&
+  Number.isInteger((p as Position).line) &&
+  Number.isInteger((p as Position).character);
+
+/** The notification's params if they have the documented shape, else undefined. */
+export function parsePartial(params: unknown): PartialCompletion | undefined {
+  if (typeof params !== 'object' || params === null) return undefined;
+  const p = params as Record<string, unknown>;
+  const idOk = typeof p.requestId === 'string' || Number.isInteger(p.requestId);
+  const ok =
+    idOk &&
+    typeof p.uri === 'string' &&
+    Number.isInteger(p.version) &&
+    isPosition(p.position) &&
+    typeof p.text === 'string' &&
+    typeof p.done === 'boolean';
+  return ok ? (params as PartialCompletion) : undefined;
+}
+
+/** Where a request was made: a document version and a cursor position in it. */
+export interface Anchor {
+  readonly uri: string;
+  readonly version: number;
+  readonly position: Position;
+}
+
+/** A suggestion is shown only at exactly the version and position it was computed for. */
+export function sameAnchor(a: Anchor, b: Anchor): boolean {
+  return (
+    a.uri === b.uri &&
+    a.version === b.version &&
+    a.position.line === b.position.line &&
+    a.position.character === b.position.character
+  );
+}
+
+/** Partial and final text of one request; `undefined` final means the response has not come yet. */
+interface Entry {
+  readonly anchor: Anchor;
+  readonly startedMs: number;
+  /** Partials from requests up to this id belong to an earlier request (ids from one connection grow). */
+  readonly afterRequestId: number | undefined;
+  requestId: number | string | undefined;
+  partial: string;
+  final: string | undefined;
+  ttftMs: number | undefined;
+}
+
+export interface Update {
+  /** False when the update was stale (another document version, position or request) or changed nothing. */
+  readonly changed: boolean;
+  /** Set on the first update that carries text: request sent -> first text. */
+  readonly ttftMs: number | undefined;
+}
+
+const NO_CHANGE: Update = { changed: false, ttftMs: undefined };
+
+/** One entry per document: only the latest request of a document is ever shown. */
+export class SuggestionStore {
+  private readonly entries = new Map<string, Entry>();
+  private readonly lastRequestId = new Map<string, number>();
+
+  /** A request is being sent at `anchor`: forget what the document had. */
+  begin(anchor: Anchor, nowMs: number): void {
+    this.entries.set(anchor.uri, {
+      anchor,
+      startedMs: nowMs,
+      afterRequestId: this.lastRequestId.get(anchor.uri),
+      requestId: undefined,
+      partial: '',
+      final: undefined,
+      ttftMs: undefined,
+    });
+  }
+
+  has(anchor: Anchor): boolean {
+    const e = this.entries.get(anchor.uri);
+    return e !== undefined && sameAnchor(e.anchor, anchor);
+  }
+
+  /** True once the response for `anchor` has arrived. */
+  isFinal(anchor: Anchor): boolean {
+    const e = this.entries.get(anchor.uri);
+    return e !== undefined && sameAnchor(e.anchor, anchor) && e.final !== undefined;
+  }
+
+  onPartial(p: PartialCompletion, nowMs: number): Update {
+    if (typeof p.requestId === 'number') {
+      this.lastRequestId.set(p.uri, Math.max(p.requestId, this.lastRequestId.get(p.uri) ?? p.requestId));
+    }
+    const e = this.entries.get(p.uri);
+    if (e === undefined || !sameAnchor(e.anchor, p) || e.final !== undefined) return NO_CHANGE;
+    const older =
+      typeof p.requestId === 'number' && e.afterRequestId !== undefined && p.requestId <= e.afterRequestId;
+    if (older || (e.requestId !== undefined && e.requestId !== p.requestId)) return NO_CHANGE;
+    e.requestId = p.requestId;
+    if (p.text === e.partial) return NO_CHANGE;
+    e.partial = p.text;
+    return { changed: true, ttftMs: this.firstText(e, p.text, nowMs) };
+  }
+
+  /** The response arrived: `text` is its first item's insert text, `undefined` for no item. */
+  onFinal(anchor: Anchor, text: string | undefined, nowMs: number): Update {
+    const e = this.entries.get(anchor.uri);
+    if (e === undefined || !sameAnchor(e.anchor, anchor) || e.final !== undefined) return NO_CHANGE;
+    const before = this.suggestion(anchor);
+    e.final = text ?? '';
+    return { changed: this.suggestion(anchor) !== before, ttftMs: this.firstText(e, e.final, nowMs) };
+  }
+
+  /** What to show at `anchor` now: the response once it came, else the streamed text; never stale text. */
+  suggestion(anchor: Anchor): string | undefined {
+    const e = this.entries.get(anchor.uri);
+    if (e === undefined || !sameAnchor(e.anchor, anchor)) return undefined;
+    const text = e.final ?? e.partial;
+    return text === '' ? undefined : text;
+  }
+
+  forget(uri: string): void {
+    this.entries.delete(uri);
+  }
+
+  private firstText(e: Entry, text: string, nowMs: number): number | undefined {
+    if (e.ttftMs !== undefined || text === '') return undefined;
+    e.ttftMs = nowMs - e.startedMs;
+    return e.ttftMs;
+  }
+}

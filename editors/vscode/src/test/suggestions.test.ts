@@ -1,0 +1,120 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { Anchor, parsePartial, PartialCompletion, sameAnchor, SuggestionStore } from '../suggestions';
+
+const URI = 'file:///src/%E4%BD%A0%E5%A5%BD.py';
+// Line 2 is `s = "😀你" + ` : the cursor after it is at UTF-16 character 12 (the emoji counts 2).
+const AT: Anchor = { uri: URI, version: 7, position: { line: 2, character: 12 } };
+
+function partial(requestId: number, text: string, change: Partial<PartialCompletion> = {}): PartialCompletion {
+  return { requestId, uri: AT.uri, version: AT.version, position: AT.position, text, done: false, ...change };
+}
+
+test('parsePartial accepts the documented shape and rejects anything else', () => {
+  const ok = { requestId: 3, uri: URI, version: 1, position: { line: 0, character: 4 }, text: 'x', done: true };
+  assert.deepEqual(parsePartial(ok), ok);
+  assert.deepEqual(parsePartial({ ...ok, requestId: 'r-3' }), { ...ok, requestId: 'r-3' });
+  assert.equal(parsePartial(null), undefined);
+  assert.equal(parsePartial({ ...ok, requestId: 1.5 }), undefined);
+  assert.equal(parsePartial({ ...ok, version: '1' }), undefined);
+  assert.equal(parsePartial({ ...ok, position: { line: 0 } }), undefined);
+  assert.equal(parsePartial({ ...ok, text: undefined }), undefined);
+  assert.equal(parsePartial({ ...ok, done: 1 }), undefined);
+});
+
+test('sameAnchor compares uri, version, line and UTF-16 character exactly', () => {
+  assert.equal(sameAnchor(AT, { ...AT, position: { line: 2, character: 12 } }), true);
+  assert.equal(sameAnchor(AT, { ...AT, version: 8 }), false);
+  assert.equal(sameAnchor(AT, { ...AT, position: { line: 2, character: 11 } }), false);
+  assert.equal(sameAnchor(AT, { ...AT, position: { line: 3, character: 12 } }), false);
+  assert.equal(sameAnchor(AT, { ...AT, uri: 'file:///src/other.py' }), false);
+});
+
+test('partials grow the suggestion; the first text reports the time to first token', () => {
+  const store = new SuggestionStore();
+  store.begin(AT, 1000);
+  assert.equal(store.has(AT), true);
+  assert.equal(store.suggestion(AT), undefined);
+  assert.deepEqual(store.onPartial(partial(4, ''), 1010), { changed: false, ttftMs: undefined });
+  assert.deepEqual(store.onPartial(partial(4, '"🎉'), 1025), { changed: true, ttftMs: 25 });
+  assert.equal(store.suggestion(AT), '"🎉');
+  assert.deepEqual(store.onPartial(partial(4, '"🎉世界"\n'), 1030), { changed: true, ttftMs: undefined });
+  assert.deepEqual(store.onPartial(partial(4, '"🎉世界"\n'), 1031), { changed: false, ttftMs: undefined });
+  assert.equal(store.suggestion(AT), '"🎉世界"\n');
+  assert.equal(store.isFinal(AT), false);
+});
+
+test('partials for another version, position or document are stale and ignored', () => {
+  const store = new SuggestionStore();
+  store.begin(AT, 0);
+  const stale = [
+    partial(4, 'old', { version: 6 }),
+    partial(4, 'left', { position: { line: 2, character: 11 } }),
+    partial(4, 'below', { position: { line: 3, character: 12 } }),
+    partial(4, 'other', { uri: 'file:///src/other.py' }),
+  ];
+  for (const p of stale) assert.deepEqual(store.onPartial(p, 5), { changed: false, ttftMs: undefined });
+  assert.equal(store.suggestion(AT), undefined);
+  // A suggestion is never shown at another version or position than its own.
+  store.onPartial(partial(4, 'x = 1'), 6);
+  assert.equal(store.suggestion({ ...AT, version: 8 }), undefined);
+  assert.equal(store.suggestion({ ...AT, position: { line: 2, character: 13 } }), undefined);
+  assert.equal(store.suggestion(AT), 'x = 1');
+});
+
+test('a new request replaces the document\'s suggestion; late partials of older requests are dropped', () => {
+  const store = new SuggestionStore();
+  store.begin(AT, 0);
+  store.onPartial(partial(4, 'abc'), 1);
+  const moved: Anchor = { ...AT, version: 8, position: { line: 2, character: 13 } };
+  store.begin(moved, 10);
+  assert.equal(store.has(AT), false);
+  assert.equal(store.suggestion(AT), undefined);
+  assert.equal(store.suggestion(moved), undefined);
+  assert.equal(store.onPartial(partial(4, 'abcd'), 11).changed, false);
+  // The cursor comes back to the first anchor: request 4 (seen before) is over, request 9 is current.
+  store.begin(AT, 20);
+  assert.equal(store.onPartial(partial(4, 'abcde'), 21).changed, false);
+  assert.deepEqual(store.onPartial(partial(9, 'ab'), 22), { changed: true, ttftMs: 2 });
+  // Once a request owns the anchor, text from any other request id is ignored.
+  assert.equal(store.onPartial(partial(10, 'zz'), 23).changed, false);
+  assert.equal(store.suggestion(AT), 'ab');
+});
+
+test('the response replaces the streamed text; partials after it change nothing', () => {
+  const store = new SuggestionStore();
+  store.begin(AT, 100);
+  store.onPartial(partial(4, 'return a'), 120);
+  assert.deepEqual(store.onFinal(AT, 'return a + b', 130), { changed: true, ttftMs: undefined });
+  assert.equal(store.isFinal(AT), true);
+  assert.equal(store.suggestion(AT), 'return a + b');
+  assert.deepEqual(store.onPartial(partial(4, 'return a + b\n', { done: true }), 140), {
+    changed: false,
+    ttftMs: undefined,
+  });
+  assert.equal(store.suggestion(AT), 'return a + b');
+  assert.deepEqual(store.onFinal(AT, 'again', 150), { changed: false, ttftMs: undefined });
+});
+
+test('a response equal to the streamed text is no change; one without items clears the suggestion', () => {
+  const store = new SuggestionStore();
+  store.begin(AT, 0);
+  store.onPartial(partial(4, 'pass'), 3);
+  assert.deepEqual(store.onFinal(AT, 'pass', 4), { changed: false, ttftMs: undefined });
+  store.begin(AT, 10);
+  store.onPartial(partial(5, 'pa'), 12);
+  assert.deepEqual(store.onFinal(AT, undefined, 15), { changed: true, ttftMs: undefined });
+  assert.equal(store.suggestion(AT), undefined);
+  assert.equal(store.isFinal(AT), true);
+});
+
+test('a response before any partial reports the time to first token; a stale response is ignored', () => {
+  const store = new SuggestionStore();
+  store.begin(AT, 50);
+  assert.deepEqual(store.onFinal({ ...AT, version: 6 }, 'stale', 60), { changed: false, ttftMs: undefined });
+  assert.deepEqual(store.onFinal(AT, 'y', 90), { changed: true, ttftMs: 40 });
+  store.forget(AT.uri);
+  assert.equal(store.has(AT), false);
+  assert.equal(store.suggestion(AT), undefined);
+});
