@@ -74,19 +74,23 @@ class KVCache:
         return self.buffer[layer, 1, slot]  # (KVH, capacity, D)
 
     def match(self, prompt: tuple[int, ...], key: str | None) -> Match:
-        """The slot sharing the longest prefix with `prompt`; on no overlap, the key's slot or the LRU."""
+        """Choose a slot for `prompt`: the document's own slot (`key`), unless another slot holds at
+        least twice as long a prefix; a new document takes another's slot only if it holds most of the
+        prompt, else the LRU one. Without a key, the longest prefix wins."""
         self._clock += 1
-
-        def rank(s: Slot) -> tuple[int, bool, int]:
-            return (common_prefix(s.tokens, prompt), key is not None and s.key == key, s.last_used)
-
-        best = max(self.slots, key=rank)
-        lcp = rank(best)[0]
-        if lcp == 0 and not (key is not None and best.key == key):
+        lcp = {s.index: common_prefix(s.tokens, prompt) for s in self.slots}
+        best = max(self.slots, key=lambda s: (lcp[s.index], s.last_used))
+        own = next((s for s in self.slots if key is not None and s.key == key), None)
+        if own is not None and 2 * lcp[own.index] >= lcp[best.index]:
+            best = own
+        elif own is None and (
+            lcp[best.index] == 0 or (key is not None and 2 * lcp[best.index] < len(prompt))
+        ):
             best = min(self.slots, key=lambda s: (bool(s.tokens), s.last_used))
         best.key, best.last_used = key, self._clock
-        cached = best.logits.get(len(prompt) - 1) if lcp == len(prompt) else None
+        n = lcp[best.index]
+        cached = best.logits.get(len(prompt) - 1) if n == len(prompt) else None
         # The last prompt token must be run through the model unless its logits are cached.
-        reused = lcp if cached is not None else min(lcp, len(prompt) - 1)
+        reused = n if cached is not None else min(n, len(prompt) - 1)
         best.truncate(reused)
         return Match(slot=best, reused=reused, cached_logits=cached)

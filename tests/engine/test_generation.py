@@ -1,0 +1,225 @@
+"""Generation on the real engine and tiny checkpoints: greedy parity with transformers' generate,
+prefix reuse, typing through, cancellation, stop conditions, streaming."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaForCausalLM
+
+from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams, StopReason
+from lsp_dscoder.engine.engine import ReferenceRunner
+from lsp_dscoder.engine.generate import StopStringFilter, generate
+
+
+def fim_prompt(engine: Engine, before: str, after: str) -> tuple[int, ...]:
+    t = engine.tokenizer
+    return (t.bos_id, t.fim_begin_id, *t.encode(before), t.fim_hole_id, *t.encode(after), t.fim_end_id)
+
+
+def req(ids, max_tokens=12, **kw) -> CompletionRequest:
+    return CompletionRequest(prompt_ids=tuple(ids), params=SamplingParams(max_tokens=max_tokens, **kw))
+
+
+def test_greedy_is_token_identical_to_transformers_generate(shaped_model: Path) -> None:
+    hf = LlamaForCausalLM.from_pretrained(shaped_model, dtype=torch.float32).eval()
+    with Engine(EngineConfig(model=shaped_model, max_context=256, num_slots=1)) as eng:
+        prompt = fim_prompt(eng, "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n")
+        ours = eng.complete(req(prompt, max_tokens=20))
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=20,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=eng.tokenizer.eos_id,
+        )[0, len(prompt) :].tolist()
+    # ours stops at EOS (never emitted); transformers was told to ignore it
+    assert list(ours.token_ids) == out[: len(ours.token_ids)]
+    assert ours.stats.stop_reason in (StopReason.MAX_TOKENS, StopReason.EOS)
+    if ours.stats.stop_reason is StopReason.EOS:
+        assert out[len(ours.token_ids)] == eng.tokenizer.eos_id
+
+
+def test_prefix_reuse_gives_same_tokens_and_logits_and_prefills_only_new(tiny_model: Path) -> None:
+    cfg = EngineConfig(model=tiny_model, max_context=256, num_slots=2)
+    with Engine(cfg) as warm, Engine(cfg) as cold:
+        first = fim_prompt(warm, "import os\n\ndef main", "\n")
+        second = fim_prompt(warm, "import os\n\ndef main", "\n") + tuple(warm.tokenizer.encode("():\n    x"))
+        a = warm.complete(req(first, max_tokens=3))
+        assert (a.stats.reused_tokens, a.stats.prefilled_tokens) == (0, len(first))
+        b = warm.complete(req(second))
+        c = cold.complete(req(second))
+        assert b.token_ids == c.token_ids and b.text == c.text
+        assert b.stats.reused_tokens == len(first)
+        assert b.stats.prefilled_tokens == len(second) - len(first)
+        assert c.stats.prefilled_tokens == len(second)
+        # logits after reuse equal logits from scratch
+        ids = torch.tensor(second[len(first) :])
+        reused = warm.model.forward_reference(ids, len(first), warm.cache, b.stats.slot, all_logits=True)
+        fresh = cold.model.forward_reference(torch.tensor(second), 0, cold.cache, 1, all_logits=True)
+        torch.testing.assert_close(reused, fresh[len(first) :], atol=1e-5, rtol=0)
+
+
+def test_typing_through_prefills_zero_tokens(engine: Engine) -> None:
+    prompt = fim_prompt(engine, "class Point:\n    def __init__(self", "\n")
+    a = engine.complete(req(prompt, max_tokens=10))
+    assert len(a.token_ids) >= 4, a
+    for k in (1, 3, len(a.token_ids) - 1):
+        b = engine.complete(req(prompt + a.token_ids[:k], max_tokens=len(a.token_ids) - k))
+        assert b.stats.prefilled_tokens == 0
+        assert b.stats.reused_tokens == len(prompt) + k
+        assert b.token_ids == a.token_ids[k:]  # greedy: the rest of the same suggestion
+
+
+def test_cancel_stops_within_one_step_and_cache_is_kept(engine: Engine) -> None:
+    prompt = fim_prompt(engine, "for i in range(10):\n    ", "\n")
+    cancel = threading.Event()
+    seen: list[int] = []
+
+    def emit(ev) -> None:
+        seen.append(ev.token_id)
+        if len(seen) == 3:
+            cancel.set()
+
+    runner = ReferenceRunner(engine.model, engine.cache)
+    done = generate(req(prompt, max_tokens=50), runner, engine.cache, engine.tokenizer, cancel, emit, 8, 0.0)
+    assert done.stats.stop_reason is StopReason.CANCELLED
+    assert len(done.token_ids) == 3 == len(seen)
+    slot = engine.cache.slots[done.stats.slot]
+    assert slot.tokens == list(prompt) + list(done.token_ids[:2])  # the 3rd is sampled, not yet fed
+    again = engine.complete(req(prompt + done.token_ids, max_tokens=2))
+    assert again.stats.prefilled_tokens == 1 and again.stats.reused_tokens == len(prompt) + 2
+
+
+def test_cancel_between_prefill_chunks_keeps_prefilled_chunks(engine: Engine) -> None:
+    text = "def long_function(argument_one, argument_two, argument_three):\n    return argument_one"
+    prompt = fim_prompt(engine, text, "\n")
+    assert len(prompt) > 24
+    cancel = threading.Event()
+    runner = ReferenceRunner(engine.model, engine.cache)
+
+    class CancelAfterTwoChunks:
+        calls = 0
+
+        def prefill(self, ids, start, slot):
+            self.calls += 1
+            if self.calls == 2:
+                cancel.set()
+            return runner.prefill(ids, start, slot)
+
+        decode = runner.decode
+
+    done = generate(
+        req(prompt), CancelAfterTwoChunks(), engine.cache, engine.tokenizer, cancel, lambda e: None, 8, 0.0
+    )
+    assert done.stats.stop_reason is StopReason.CANCELLED
+    assert (done.stats.prefilled_tokens, done.stats.generated_tokens) == (16, 0)
+    after = engine.complete(req(prompt, max_tokens=1))
+    assert after.stats.reused_tokens == done.stats.reused_tokens + 16
+    assert after.stats.prefilled_tokens == len(prompt) - after.stats.reused_tokens
+
+
+def test_cancel_through_engine_and_engine_keeps_serving(engine: Engine) -> None:
+    prompt = fim_prompt(engine, "while True:\n", "")
+    handle = engine.submit(req(prompt, max_tokens=400))
+    handle.cancel()
+    done = handle.result(timeout=60)
+    assert done.stats.stop_reason is StopReason.CANCELLED
+    assert engine.complete(req(prompt, max_tokens=2)).stats.generated_tokens in (1, 2)
+
+
+def test_stop_conditions(engine: Engine) -> None:
+    prompt = fim_prompt(engine, "x = 1\n", "")
+    base = engine.complete(req(prompt, max_tokens=12))
+    assert base.stats.stop_reason in (StopReason.MAX_TOKENS, StopReason.EOS)
+    assert engine.complete(req(prompt, max_tokens=0)).token_ids == ()
+    # a stop string taken from the middle of the greedy text cuts the text right before it
+    if len(base.text) >= 4:
+        stop = base.text[2:4]
+        cut = engine.complete(req(prompt, max_tokens=12, stop=(stop,)))
+        assert cut.stats.stop_reason is StopReason.STOP_STRING
+        assert cut.text == base.text[: base.text.index(stop)]
+    past = CompletionRequest(
+        prompt_ids=prompt, params=SamplingParams(max_tokens=5), deadline=time.monotonic()
+    )
+    assert engine.complete(past).stats.stop_reason is StopReason.DEADLINE
+
+
+def test_context_full_stops_cleanly(tiny_model: Path) -> None:
+    with Engine(EngineConfig(model=tiny_model, max_context=20, num_slots=1)) as eng:
+        prompt = (eng.tokenizer.bos_id, *eng.tokenizer.encode("import sys\nimport os\n")[:15])
+        done = eng.complete(req(prompt, max_tokens=50))
+        assert done.stats.stop_reason in (StopReason.CONTEXT_FULL, StopReason.EOS)
+        assert len(prompt) + len(done.token_ids) <= 21
+
+
+def test_stream_text_concatenates_to_completion_and_async(engine: Engine) -> None:
+    prompt = fim_prompt(engine, "s = '你好😀", "'\n")
+    handle = engine.submit(req(prompt, max_tokens=15))
+    events = list(handle)
+    done = handle.result()
+    assert "".join(e.text for e in events) == done.text
+    assert [e.token_id for e in events if e.token_id is not None] == list(done.token_ids)
+    assert "\ufffd" not in done.text or done.stats.stop_reason is StopReason.MAX_TOKENS
+
+    async def consume():
+        h = engine.submit(req(prompt, max_tokens=15))
+        got = [e async for e in h.stream()]
+        return got, await h.wait()
+
+    got, again = asyncio.run(consume())
+    assert (
+        [e.token_id for e in got if e.token_id is not None] == list(again.token_ids) == list(done.token_ids)
+    )
+
+
+def test_incremental_decoder_never_splits_characters(engine: Engine) -> None:
+    tok = engine.tokenizer
+    text = "naïve → 你好世界 😀🎉 café"
+    ids = tok.encode(text)
+    dec = tok.stream()
+    pieces = [dec.push(i) for i in ids] + [dec.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_stop_string_filter_holds_back_possible_starts() -> None:
+    f = StopStringFilter(("\n\n", "END"))
+    assert f.push("abc\n") == ("abc", False)
+    assert f.push("E") == ("\n", False)  # "E" may start "END"
+    assert f.push("x") == ("Ex", False)
+    assert f.push("EN") == ("", False)
+    assert f.push("D tail") == ("", True)
+    assert f.text == "abc\nEx"
+
+
+def test_slots_are_lru_per_document(tiny_model: Path) -> None:
+    with Engine(EngineConfig(model=tiny_model, max_context=128, num_slots=2)) as eng:
+        docs = {k: fim_prompt(eng, f"# file {k}\nimport {k}\n", "") for k in ("a", "b", "c")}
+        slot_a = eng.complete(
+            CompletionRequest(docs["a"], SamplingParams(max_tokens=1), slot_key="a")
+        ).stats.slot
+        slot_b = eng.complete(
+            CompletionRequest(docs["b"], SamplingParams(max_tokens=1), slot_key="b")
+        ).stats.slot
+        assert slot_a != slot_b
+        again_a = eng.complete(CompletionRequest(docs["a"], SamplingParams(max_tokens=1), slot_key="a"))
+        assert again_a.stats.slot == slot_a and again_a.stats.prefilled_tokens == 0
+        # c evicts the least recently used (b), so a stays warm
+        assert (
+            eng.complete(CompletionRequest(docs["c"], SamplingParams(max_tokens=1), slot_key="c")).stats.slot
+            == slot_b
+        )
+        assert (
+            eng.complete(
+                CompletionRequest(docs["a"], SamplingParams(max_tokens=1), slot_key="a")
+            ).stats.prefilled_tokens
+            == 0
+        )
