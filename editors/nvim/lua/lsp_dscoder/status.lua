@@ -1,0 +1,101 @@
+--- What a statusline shows: loading (the server's `$/progress`), idle, generating, and the last
+--- time to first token as the editor saw it (request sent -> first streamed text).
+--- Fires `User LspDscoderStatus` whenever the displayed state changes.
+
+local M = {}
+
+--- @enum lsp_dscoder.State
+M.State = { OFF = 'off', LOADING = 'loading', IDLE = 'idle', GENERATING = 'generating' }
+
+local progress = {} ---@type table<string|integer, {title: string?, message: string?, percentage: integer?}>
+local generating = {} ---@type table<integer, boolean> bufnr -> request in flight
+local last_ttft_ms = nil ---@type number?
+local last_shown = nil ---@type string?
+
+--- @class lsp_dscoder.StatusInfo
+--- @field state lsp_dscoder.State
+--- @field ttft_ms number?
+--- @field progress {title: string?, message: string?, percentage: integer?}?
+
+--- @param running boolean whether the server process is up
+--- @param ready boolean whether it answered `initialize`
+--- @return lsp_dscoder.StatusInfo
+function M.info(running, ready)
+  local info = { state = M.State.OFF, ttft_ms = last_ttft_ms }
+  if not running then
+    return info
+  end
+  local _, work = next(progress)
+  if work or not ready then
+    info.state, info.progress = M.State.LOADING, work
+  elseif next(generating) then
+    info.state = M.State.GENERATING
+  else
+    info.state = M.State.IDLE
+  end
+  return info
+end
+
+--- @param info lsp_dscoder.StatusInfo
+--- @return string
+function M.format(info)
+  local parts = { 'dscoder: ' .. info.state }
+  if info.progress then
+    local p = info.progress
+    parts[#parts + 1] = table.concat(
+      vim.tbl_filter(function(s)
+        return s ~= ''
+      end, { p.title or '', p.message or '', p.percentage and (p.percentage .. '%') or '' }),
+      ' '
+    )
+  end
+  if info.ttft_ms then
+    parts[#parts + 1] = ('TTFT %d ms'):format(math.floor(info.ttft_ms + 0.5))
+  end
+  return table.concat(parts, ' · ')
+end
+
+local function changed()
+  local key = vim.inspect({ next(progress) ~= nil, next(generating) ~= nil, last_ttft_ms, progress })
+  if key ~= last_shown then
+    last_shown = key
+    vim.api.nvim_exec_autocmds('User', { pattern = 'LspDscoderStatus', modeline = false })
+  end
+end
+
+--- Feed a `$/progress` notification of the server.
+--- @param params {token: string|integer, value: table}
+function M.on_progress(params)
+  local value = params.value or {}
+  if value.kind == 'begin' then
+    progress[params.token] = { title = value.title, message = value.message, percentage = value.percentage }
+  elseif value.kind == 'report' and progress[params.token] then
+    local work = progress[params.token]
+    work.message = value.message or work.message
+    work.percentage = value.percentage or work.percentage
+  elseif value.kind == 'end' then
+    progress[params.token] = nil
+  end
+  changed()
+end
+
+--- @param bufnr integer
+--- @param busy boolean
+function M.set_generating(bufnr, busy)
+  generating[bufnr] = busy or nil
+  changed()
+end
+
+--- @param ms number
+function M.record_ttft(ms)
+  last_ttft_ms = ms
+  changed()
+end
+
+--- Forget everything (the server exited).
+function M.reset()
+  progress, generating = {}, {}
+  changed()
+end
+
+return M
