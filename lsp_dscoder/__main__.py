@@ -13,17 +13,22 @@ COMMANDS = {
     "serve": ("lsp_dscoder.server_main", "run the language server (default)"),
     "complete": ("lsp_dscoder.cli_complete", "complete a file at a position and print the timings"),
     "bench": ("lsp_dscoder.bench", "benchmark the engine against transformers and the hardware floors"),
-    "eval": ("lsp_dscoder.evaluate", "evaluate a model on held-out files (FIM, line exact match, perplexity)"),
+    "eval": (
+        "lsp_dscoder.evaluate",
+        "evaluate a model on held-out files (FIM, line exact match, perplexity)",
+    ),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None) -> argparse.ArgumentParser:
+    """The parser; only the chosen command's module is imported (the others may pull in heavy deps)."""
     parser = argparse.ArgumentParser(prog="lsp-dscoder", description=__doc__)
     parser.add_argument("--version", action="version", version=f"lsp-dscoder {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        importlib.import_module(module).add_arguments(p)
+        if name == command:
+            importlib.import_module(module).add_arguments(p)
     return parser
 
 
@@ -32,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     # `lsp-dscoder --stdio` and a bare `lsp-dscoder` mean `serve`.
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "serve")
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv[0]).parse_args(argv)
     module = importlib.import_module(COMMANDS[args.command][0])
     return int(module.run(args) or 0)
 

@@ -1,0 +1,96 @@
+"""`lsp-dscoder complete FILE --line L --col C`: one completion in the terminal, streamed, with timings.
+
+The prompt is the one the server builds (PSM layout with the edit anchor at the cursor's line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams
+from lsp_dscoder.engine.errors import EngineError
+from lsp_dscoder.errors import ServerError
+from lsp_dscoder.positions import Encoding, offset_at, sanitize
+from lsp_dscoder.progress import StderrProgress
+from lsp_dscoder.prompt import Budgets, PromptBuilder
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Options that choose and run a checkpoint (shared by the commands that load one)."""
+    p.add_argument(
+        "--model",
+        help="checkpoint folder or Hugging Face repo id in the local cache (default: the bundled model)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=("float32", "bfloat16", "float16"),
+        help="weights and KV dtype (default: float32 on cpu, bfloat16 on cuda)",
+    )
+    p.add_argument("--max-context", type=int, default=4096, help="KV buffer size in tokens (default: 4096)")
+
+
+def engine_config(args: argparse.Namespace, num_slots: int = 1) -> EngineConfig:
+    if args.model:
+        model = Path(args.model)
+    else:
+        from lsp_dscoder.bundled import default_model_path
+
+        model = default_model_path()
+    dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
+    return EngineConfig(
+        model=model, device=args.device, dtype=dtype, max_context=args.max_context, num_slots=num_slots
+    )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", type=Path, help="source file to complete")
+    p.add_argument("--line", type=int, required=True, help="0-based line of the cursor")
+    p.add_argument("--col", type=int, required=True, help="0-based column of the cursor in UTF-16 code units")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default: 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 for greedy (default)")
+    p.add_argument("--json", action="store_true", help='print {"text", "token_ids", "stats"} instead')
+    add_model_arguments(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    progress = StderrProgress()
+    try:
+        text = sanitize(args.file.read_text(encoding="utf-8", errors="replace"))
+        cursor = offset_at(text, args.line, args.col, Encoding.UTF16)
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+        with Engine(engine_config(args), progress=progress) as engine:
+            progress.close()
+            budgets = Budgets().fit(engine.max_context, args.max_tokens)
+            prompt = PromptBuilder(engine.tokenizer, budgets).build(text, cursor)
+            handle = engine.submit(CompletionRequest(prompt_ids=prompt.ids, params=params))
+            for event in handle:
+                if not args.json:
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+            done = handle.result()
+    except (EngineError, ServerError, OSError, ValueError) as e:
+        progress.close()
+        print(f"lsp-dscoder: error: {e}", file=sys.stderr)
+        return 2
+    s = done.stats
+    if args.json:
+        print(
+            json.dumps(
+                {"text": done.text, "token_ids": list(done.token_ids), "stats": s.as_dict()},
+                ensure_ascii=False,
+            )
+        )
+        return 0
+    rate = f"{s.decode_tokens_per_s:.1f} tok/s" if s.decode_tokens_per_s else "n/a"
+    ttft = f"{1e3 * s.ttft_s:.1f} ms" if s.ttft_s is not None else "n/a"
+    print(
+        f"\n-- {s.generated_tokens} tokens, stop: {s.stop_reason.value}; TTFT {ttft}; decode {rate}; "
+        f"prompt {s.prompt_tokens} tokens ({s.prefilled_tokens} prefilled)",
+        file=sys.stderr,
+    )
+    return 0

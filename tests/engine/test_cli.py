@@ -1,0 +1,82 @@
+"""`lsp-dscoder complete` as a user runs it: a real process, real checkpoint, JSON and errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams
+from lsp_dscoder.positions import Encoding, offset_at
+from lsp_dscoder.prompt import Budgets, PromptBuilder
+
+SOURCE = 'import os\n\ndef main():\n    s = "😀你好"\n    return s\n'
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "lsp_dscoder", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_complete_json_matches_engine_on_same_prompt(tiny_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "sample.py"
+    src.write_text(SOURCE, encoding="utf-8")
+    # line 3, UTF-16 column 11: after `    s = "😀` (the emoji counts 2 units)
+    out = cli(
+        "complete",
+        str(src),
+        "--line",
+        "3",
+        "--col",
+        "11",
+        "--max-tokens",
+        "6",
+        "--json",
+        "--model",
+        str(tiny_model),
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert set(got) == {"text", "token_ids", "stats"}
+    cursor = offset_at(SOURCE, 3, 11, Encoding.UTF16)
+    assert SOURCE[:cursor].endswith('s = "😀')
+    with Engine(EngineConfig(model=tiny_model, max_context=4096)) as eng:
+        prompt = PromptBuilder(eng.tokenizer, Budgets().fit(4096, 6)).build(SOURCE, cursor)
+        ref = eng.complete(CompletionRequest(prompt_ids=prompt.ids, params=SamplingParams(max_tokens=6)))
+    assert got["token_ids"] == list(ref.token_ids) and got["text"] == ref.text
+    assert got["stats"]["prompt_tokens"] == len(prompt.ids)
+    assert got["stats"]["stop_reason"] in ("max_tokens", "eos")
+
+
+def test_complete_streams_text_and_prints_timings(tiny_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "a.py"
+    src.write_text(SOURCE, encoding="utf-8")
+    out = cli(
+        "complete", str(src), "--line", "4", "--col", "4", "--max-tokens", "5", "--model", str(tiny_model)
+    )
+    assert out.returncode == 0, out.stderr
+    assert "TTFT" in out.stderr and "tokens, stop:" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_complete_errors_are_one_clear_line(tiny_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "a.py"
+    src.write_text(SOURCE, encoding="utf-8")
+    cases = [
+        (
+            ("--line", "40", "--col", "0", "--model", str(tiny_model)),
+            "line 40 is past the end of the document",
+        ),
+        (("--line", "0", "--col", "0", "--model", str(tmp_path / "none")), "does not exist"),
+    ]
+    for args, message in cases:
+        out = cli("complete", str(src), *args)
+        assert out.returncode == 2
+        assert out.stderr.strip().splitlines()[-1].startswith("lsp-dscoder: error: ")
+        assert message in out.stderr and "Traceback" not in out.stderr
+    missing = cli(
+        "complete", str(tmp_path / "nofile.py"), "--line", "0", "--col", "0", "--model", str(tiny_model)
+    )
+    assert missing.returncode == 2 and "No such file" in missing.stderr
