@@ -80,6 +80,7 @@ local function record(op, bufnr)
   probe.renders[#probe.renders + 1] = {
     op = op,
     tick = vim.api.nvim_buf_get_changedtick(bufnr),
+    version = vim.lsp.util.buf_versions[bufnr],
     cursor = { cur[1] - 1, cur[2] },
     ghost = shown(bufnr),
     requests = #probe.requests,
@@ -138,6 +139,7 @@ class Editor:
         self.nvim = nvim
         self.workdir = workdir
         self._files = 0
+        self._requests_before_keys = 0
 
     def lua(self, code: str, *args: Any) -> Any:
         return self.nvim.exec_lua(code, *args)
@@ -182,6 +184,10 @@ class Editor:
     def tick(self) -> int:
         return self.nvim.current.buffer.api.get_changedtick()
 
+    def version(self) -> int:
+        """The document version the client last sent for the current buffer."""
+        return self.lua("return vim.lsp.util.buf_versions[vim.api.nvim_get_current_buf()]")
+
     def ghost(self) -> dict | None:
         """The ghost text drawn in the current buffer: {row, col, text, marks} or None."""
         return self.lua("return _probe.shown(vim.api.nvim_get_current_buf())")
@@ -194,6 +200,7 @@ class Editor:
 
     def type(self, keys: str) -> None:
         """Send keys (`nvim_input` notation) and wait until Neovim has consumed them."""
+        self._requests_before_keys = self.lua("return #_probe.requests")
         self.nvim.input(keys)
         self.wait_for(lambda: not self.nvim.api.get_mode()["blocking"] and self.typeahead_empty(), "keys")
 
@@ -201,13 +208,13 @@ class Editor:
         return self.lua("return vim.fn.getchar(1) == 0")
 
     def settled(self) -> dict | None:
-        """Once the latest request has its response and its last partial (`done`), that request's entry
-        {id, position, version, partials, response}; None while it is still running."""
+        """Once the latest request, sent after the last keys, has its response and its last partial
+        (`done`), that request's entry {id, position, version, partials, response}; else None."""
         latest = self.lua(
             """
             local p = _probe
             local req = p.requests[#p.requests]
-            if not req then return vim.NIL end
+            if #p.requests <= ... then return vim.NIL end
             local out = { id = req.id, position = req.position, version = req.version, partials = {} }
             for _, r in ipairs(p.responses) do
               if r.id == req.id then out.response = r end
@@ -221,7 +228,8 @@ class Editor:
             end
             if out.response == nil or not done then return vim.NIL end
             return out
-            """
+            """,
+            self._requests_before_keys,
         )
         return latest
 

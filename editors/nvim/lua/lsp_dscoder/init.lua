@@ -277,6 +277,12 @@ function M.get_suggestion(bufnr)
   return shown and { row = shown.row, col = shown.col, text = shown.text } or nil
 end
 
+--- The resolved options, or nil before setup().
+--- @return lsp_dscoder.Config?
+function M.config()
+  return cfg
+end
+
 --- State for statuslines: `{state = "off"|"loading"|"idle"|"generating", ttft_ms?, progress?}`.
 --- @return lsp_dscoder.StatusInfo
 function M.status_info()

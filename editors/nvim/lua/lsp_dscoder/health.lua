@@ -1,0 +1,30 @@
+--- `:checkhealth lsp_dscoder`: Neovim version, the server command, the running server.
+
+local M = {}
+
+function M.check()
+  local health = vim.health
+  local plugin = require('lsp_dscoder')
+  health.start('lsp-dscoder')
+  if vim.fn.has('nvim-0.10') == 0 then
+    health.error('Neovim 0.10 or later is required')
+  elseif vim.fn.has('nvim-0.12') == 1 then
+    health.ok('Neovim 0.12+: vim.lsp.inline_completion is available')
+  else
+    local v = vim.version()
+    health.ok(('Neovim %d.%d.%d: ghost text drawn by the plugin'):format(v.major, v.minor, v.patch))
+  end
+  local cfg = plugin.config()
+  if not cfg then
+    health.warn('setup() has not been called', { 'require("lsp_dscoder").setup({})' })
+    return
+  end
+  if vim.fn.executable(cfg.cmd[1]) == 1 then
+    health.ok(('server command: %s'):format(table.concat(cfg.cmd, ' ')))
+  else
+    health.error(('%s is not executable'):format(cfg.cmd[1]), { 'pip install lsp-dscoder', 'or set cmd' })
+  end
+  health.info('status: ' .. plugin.status())
+end
+
+return M

@@ -1,0 +1,295 @@
+"""The Neovim plugin in a real headless Neovim against the real server on the tiny checkpoint.
+
+The tiny model writes deterministic gibberish, so every expectation is derived from what the server sent
+(recorded by the probe in conftest.py), never guessed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from tests.editors.conftest import Editor
+
+pytestmark = pytest.mark.slow
+
+# A Python file; the cursor goes at the end of the last line.
+SOURCE = ["import os", "", "", "def main(path):", "    parts = os.path.split("]
+
+
+def keys(text: str) -> str:
+    """`nvim_input` notation for literal text."""
+    return text.replace("<", "<lt>")
+
+
+def typeable(ch: str) -> bool:
+    return ch.isascii() and ch.isprintable()
+
+
+def inserted(lines: list[str], row: int, col: int, text: str) -> tuple[list[str], tuple[int, int]]:
+    """`lines` with `text` inserted at (row, byte col), and the cursor after it."""
+    line = lines[row].encode()
+    new = (line[:col].decode() + text + line[col:].decode()).split("\n")
+    out = lines[:row] + new + lines[row + 1 :]
+    if len(new) == 1:
+        return out, (row, col + len(text.encode()))
+    return out, (row + len(new) - 1, len(new[-1].encode()) - len(line[col:]))
+
+
+# Lua's %w and %s are ASCII; bytes >= 0x80 count as word characters in the plugin.
+_WORD = r"[A-Za-z0-9_\u0080-\U0010ffff]"
+_OTHER = r"[^A-Za-z0-9_\u0080-\U0010ffff \t\n\r\v\f]"
+
+
+def next_word(text: str) -> str:
+    """The plugin's accept-word rule (`:help lsp_dscoder.accept_word()`)."""
+    for pattern in (r"\n[ \t]*", rf"[ \t]*{_WORD}+", rf"[ \t]*{_OTHER}+", r"[ \t]+"):
+        m = re.match(pattern, text)
+        if m:
+            return m.group(0)
+    return text
+
+
+def next_line(text: str) -> str:
+    if text.startswith("\n"):
+        return "\n" + text[1:].split("\n", 1)[0]
+    return text.split("\n", 1)[0]
+
+
+def final_text(entry: dict) -> str:
+    """What the server settled on for a request: the text of its last (`done`) partial."""
+    return entry["partials"][-1]["text"]
+
+
+def renders_since(ed: Editor, start: int) -> list[dict]:
+    return ed.probe("renders")[start:]
+
+
+def start_suggestion(ed: Editor, lines: list[str] = SOURCE) -> dict:
+    """Open `lines`, append at the end of the last line, and wait for the suggestion to settle."""
+    row = len(lines) - 1
+    ed.open(lines, row, 0)
+    ed.type("A")
+    assert ed.mode() == "i"
+    entry = ed.wait_settled()
+    assert entry["position"]["line"] == row
+    text = final_text(entry)
+    assert text, "the tiny model suggested nothing here; pick another SOURCE"
+    ghost = ed.wait_for(ed.ghost, "ghost text")
+    assert ghost == {"row": row, "col": len(lines[row].encode()), "text": text, "marks": 1}
+    assert ed.lines() == lines
+    return entry
+
+
+def assert_only_current_rendered(ed: Editor) -> None:
+    """Every partial that changed the ghost text belonged to the buffer's version and cursor of then."""
+    renders = ed.probe("renders")
+    for p in ed.probe("partials"):
+        if p["after"] > p["before"]:
+            r = renders[p["after"] - 1]
+            assert r["version"] == p["version"], (p, r)
+            assert r["cursor"][0] == p["position"]["line"], (p, r)
+
+
+def test_ghost_text_grows_with_the_partials(editor: Editor) -> None:
+    entry = start_suggestion(editor)
+    renders = editor.probe("renders")
+    shown = []
+    for p in entry["partials"]:
+        assert p["version"] == entry["version"]
+        assert p["position"] == entry["position"]
+        if p["after"] > p["before"]:
+            shown.append(renders[p["after"] - 1]["ghost"]["text"])
+            assert shown[-1] == p["text"]
+    assert len(set(shown)) >= 2, f"expected the ghost text to grow over several partials: {shown}"
+    for a, b in itertools.pairwise(shown):
+        assert b.startswith(a)
+    assert shown[-1] == final_text(entry)
+    # The response agrees with the stream: it is the suggestion, or its first line.
+    items = entry["response"]["result"]["items"]
+    assert final_text(entry).startswith(items[0]["insertText"])
+    assert editor.lines() == SOURCE
+    assert_only_current_rendered(editor)
+
+
+def test_typing_a_continuing_character_keeps_the_ghost_text(editor: Editor) -> None:
+    text = final_text(start_suggestion(editor))
+    assert typeable(text[0]), f"first character {text[0]!r} cannot be typed; pick another SOURCE"
+    start = len(editor.probe("renders"))
+    tick = editor.tick()
+    editor.type(keys(text[0]))
+    first = editor.wait_for(lambda: renders_since(editor, start), "a render after the keystroke")[0]
+    assert first["op"] == "show" and first["tick"] > tick
+    assert first["ghost"]["text"] == text[1:]
+    row = len(SOURCE) - 1
+    assert editor.lines() == [*SOURCE[:-1], SOURCE[-1] + text[0]]
+    entry = editor.wait_settled()
+    assert entry["version"] == editor.version()
+    if final_text(entry):
+        ghost = editor.wait_for(editor.ghost, "ghost text")
+        assert ghost["text"] == final_text(entry)
+        assert (ghost["row"], ghost["col"]) == (row, len(SOURCE[-1]) + 1)
+    assert editor.lines() == [*SOURCE[:-1], SOURCE[-1] + text[0]]
+    assert_only_current_rendered(editor)
+
+
+def test_a_diverging_character_clears_it_and_a_new_suggestion_follows(editor: Editor) -> None:
+    text = final_text(start_suggestion(editor))
+    typed = "Q" if text[0] != "Q" else "Z"
+    start = len(editor.probe("renders"))
+    editor.type(typed)
+    first = editor.wait_for(lambda: renders_since(editor, start), "a render after the keystroke")[0]
+    assert first["op"] == "clear" and first["ghost"] is None
+    expected = [*SOURCE[:-1], SOURCE[-1] + typed]
+    assert editor.lines() == expected
+    entry = editor.wait_settled()
+    assert entry["version"] == editor.version()
+    assert entry["position"] == {"line": len(SOURCE) - 1, "character": len(SOURCE[-1]) + 1}
+    new = final_text(entry)
+    assert new, "the server suggested nothing after the diverging key"
+    ghost = editor.wait_for(editor.ghost, "the new ghost text")
+    assert ghost == {"row": len(SOURCE) - 1, "col": len(SOURCE[-1]) + 1, "text": new, "marks": 1}
+    assert editor.lines() == expected
+    assert_only_current_rendered(editor)
+
+
+def test_accept_inserts_exactly_the_suggestion(editor: Editor) -> None:
+    text = final_text(start_suggestion(editor))
+    row, col = editor.cursor()
+    editor.type("<Tab>")
+    want_lines, want_cursor = inserted(SOURCE, row, col, text)
+    editor.wait_for(lambda: editor.lines() == want_lines, "the accepted text in the buffer")
+    assert editor.lines() == want_lines
+    assert editor.cursor() == want_cursor
+    assert editor.mode() == "i"
+    # Whatever comes next is a new suggestion at the new cursor, never a leftover.
+    ghost = editor.ghost()
+    assert ghost is None or (ghost["row"], ghost["col"]) == want_cursor
+
+
+def test_accept_word_then_line(editor: Editor) -> None:
+    text = final_text(start_suggestion(editor))
+    row, col = editor.cursor()
+    word = next_word(text)
+    start = len(editor.probe("renders"))
+    editor.type("<C-Right>")
+    want_lines, want_cursor = inserted(SOURCE, row, col, word)
+    assert editor.lines() == want_lines
+    assert editor.cursor() == want_cursor
+    rest = text[len(word) :]
+    first = editor.wait_for(lambda: renders_since(editor, start), "a render after accepting a word")[0]
+    if rest:
+        assert first["op"] == "show" and first["ghost"]["text"] == rest
+        assert (first["ghost"]["row"], first["ghost"]["col"]) == want_cursor
+    else:
+        assert first["op"] == "clear"
+
+    entry = editor.wait_settled()
+    rest = final_text(entry)
+    if not rest:
+        pytest.skip("nothing left to accept a line of")
+    editor.wait_for(lambda: (editor.ghost() or {}).get("text") == rest, "the rest as ghost text")
+    line = next_line(rest)
+    editor.type("<C-Down>")
+    want_lines, want_cursor = inserted(want_lines, *want_cursor, line)
+    assert editor.lines() == want_lines
+    assert editor.cursor() == want_cursor
+
+
+def test_dismiss_clears_it_and_tab_falls_through(editor: Editor) -> None:
+    start_suggestion(editor)
+    requests = len(editor.probe("requests"))
+    editor.type("<C-]>")
+    assert editor.ghost() is None
+    assert editor.lines() == SOURCE
+    # No request is sent until the next change, and nothing comes back to show.
+    editor.wait_for(
+        lambda: editor.lua("return require('lsp_dscoder').status_info().state") == "idle", "no request"
+    )
+    assert len(editor.probe("requests")) == requests
+    assert editor.ghost() is None
+    # Without a suggestion <Tab> is an ordinary Tab.
+    editor.type("<Tab>")
+    assert editor.lines() == [*SOURCE[:-1], SOURCE[-1] + "\t"]
+
+
+def test_leaving_insert_mode_clears_it_and_the_buffer_holds_only_what_was_typed(editor: Editor) -> None:
+    text = final_text(start_suggestion(editor))
+    typed = "Q" if text[0] != "Q" else "Z"
+    editor.type(typed)
+    editor.wait_settled()
+    editor.type("<Esc>")
+    assert editor.mode() == "n"
+    assert editor.ghost() is None
+    assert editor.lines() == [*SOURCE[:-1], SOURCE[-1] + typed]
+    editor.type("u")
+    assert editor.lines() == SOURCE
+
+
+def test_emoji_and_cjk_before_the_cursor(editor: Editor) -> None:
+    lines = ["import os", "", "", 'def main(path="héllo 你好 😀"):', '    print("你好 😀", os.path.join(']
+    entry = start_suggestion(editor, lines)
+    row, col = len(lines) - 1, len(lines[-1].encode())
+    encoding = editor.lua("return vim.lsp.get_clients({name = 'lsp_dscoder'})[1].offset_encoding")
+    width = {"utf-8": 1, "utf-16": 2, "utf-32": 4}[encoding]
+    codec = {"utf-8": "utf-8", "utf-16": "utf-16-le", "utf-32": "utf-32-le"}[encoding]
+    assert entry["position"] == {"line": row, "character": len(lines[-1].encode(codec)) // width}
+    assert editor.cursor() == (row, col)
+    text = final_text(entry)
+    editor.type("<Tab>")
+    want_lines, want_cursor = inserted(lines, row, col, text)
+    editor.wait_for(lambda: editor.lines() == want_lines, "the accepted text in the buffer")
+    assert editor.cursor() == want_cursor
+
+
+def test_stale_partials_are_dropped(editor: Editor) -> None:
+    entry = start_suggestion(editor)
+    text = final_text(entry)
+    send = """
+        local params = ...
+        local client = vim.lsp.get_clients({name = 'lsp_dscoder'})[1]
+        client.handlers['dscoder/partialCompletion'](nil, params, {client_id = client.id, method = 'x'})
+    """
+    uri = editor.lua("return vim.uri_from_bufnr(0)")
+    good = {
+        "requestId": entry["id"],
+        "uri": uri,
+        "version": entry["version"],
+        "position": entry["position"],
+        "text": text + "STALE",
+        "done": False,
+    }
+    moved = dict(entry["position"], character=entry["position"]["character"] - 1)
+    for stale in (
+        dict(good, version=entry["version"] - 1),
+        dict(good, position=moved),
+        dict(good, requestId=entry["id"] - 1),
+        dict(good, uri=uri + "x"),
+    ):
+        editor.lua(send, stale)
+        assert editor.ghost()["text"] == text, stale
+    editor.lua(send, good)
+    assert editor.ghost()["text"] == text + "STALE"
+    assert editor.lines() == SOURCE
+
+
+def test_status_reports_loading_idle_and_ttft(editor: Editor) -> None:
+    start_suggestion(editor)
+    statuses = editor.probe("statuses")
+    loading = [i for i, s in enumerate(statuses) if s.startswith("dscoder: loading")]
+    assert loading, statuses
+    assert any(s.startswith("dscoder: idle") for s in statuses[loading[-1] :]), statuses
+    assert any(s.startswith("dscoder: generating") for s in statuses), statuses
+    info = editor.lua("return require('lsp_dscoder').status_info()")
+    assert info["state"] in ("idle", "generating")
+    assert 0 < info["ttft_ms"] < 30_000
+    assert re.search(r"TTFT \d+ ms", editor.lua("return require('lsp_dscoder').status()"))
+
+
+def test_setup_rejects_a_bad_option(editor: Editor) -> None:
+    err = editor.lua(
+        "local ok, err = pcall(require('lsp_dscoder.config').resolve, {keymaps = {accept = 3}}); return err"
+    )
+    assert "keymaps.accept must be a key string or false, got 3" in err
