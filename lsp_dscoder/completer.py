@@ -1,0 +1,162 @@
+"""From a document snapshot to a suggestion: typing through, latest-wins, prompt, engine, stop rules.
+
+The LSP handlers give it snapshots and a way to send partial notifications; it knows nothing of JSON-RPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lsp_dscoder.engine_host import EngineHost
+from lsp_dscoder.postprocess import CursorContext, Shaper
+from lsp_dscoder.prompt import Budgets, ContextFile, PromptBuilder
+from lsp_dscoder.session import DocumentSession, Generation, Subscriber
+from lsp_dscoder.settings import Settings
+from lsp_dscoder.stats import Outcome, Source, Stats
+
+log = logging.getLogger(__name__)
+
+# (text, done) -> None: sends one `dscoder/partialCompletion` for the request
+SendPartial = Callable[[str, bool], None]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A completion request's view of its document, taken when the request arrived."""
+
+    uri: str
+    version: int | None
+    text: str  # sanitised (no lone surrogates)
+    cursor: int  # offset into `text`
+    language_id: str | None
+    context: Callable[[], Sequence[ContextFile]]  # other open documents, read only if needed
+
+
+class Completer:
+    def __init__(self, host: EngineHost, settings: Settings, stats: Stats) -> None:
+        self.host = host
+        self.settings = settings
+        self.stats = stats
+        self.sessions: dict[str, DocumentSession] = {}
+        self._builder: PromptBuilder | None = None
+
+    def configure(self, settings: Settings) -> None:
+        """New settings (budgets, response mode, ...). Engine settings are the host's business."""
+        self.settings = settings
+        self._builder = None
+
+    def _prompt_builder(self) -> PromptBuilder:
+        if self._builder is None:
+            s = self.settings
+            budgets = Budgets(
+                context_tokens=s.context_tokens,
+                prefix_tokens=s.prefix_tokens,
+                suffix_tokens=s.suffix_tokens,
+                middle_tokens=s.middle_tokens,
+                anchor_lines=s.anchor_lines,
+                step_lines=s.truncation_step_lines,
+            )
+            engine = self.host.engine
+            self._builder = PromptBuilder(engine.tokenizer, budgets.fit(engine.max_context, s.max_tokens))
+            for session in self.sessions.values():
+                session.head, session.known = None, []
+        return self._builder
+
+    def engine_changed(self) -> None:
+        """A (re)loaded engine: nothing cached refers to it."""
+        for session in self.sessions.values():
+            session.close()
+            session.head, session.known, session.generation = None, [], None
+        self._builder = None
+
+    def changed(self, uri: str, text: str, version: int | None) -> None:
+        if (session := self.sessions.get(uri)) is not None:
+            session.changed(text, version)
+
+    def closed(self, uri: str) -> None:
+        if (session := self.sessions.pop(uri, None)) is not None:
+            session.close()
+
+    def close_all(self) -> None:
+        for uri in list(self.sessions):
+            self.closed(uri)
+
+    async def complete(self, snap: Snapshot, request_id: Any, send_partial: SendPartial) -> str | None:
+        """The suggestion for `snap` ('' or None for none). Raises CancelledError when the client
+        cancels; the engine's cancel flag is set before it propagates."""
+        record = self.stats.begin(request_id, snap.uri, snap.version)
+        session = self.sessions.setdefault(snap.uri, DocumentSession(snap.uri))
+        session.latest = request_id
+        sub = Subscriber(request_id, snap.version, 0, send_partial, record)
+        gen = session.generation
+        try:
+            if gen is not None and (typed := gen.typed_through(snap.text, snap.cursor)) is not None:
+                record.source, sub.skip = Source.MEMORY, typed
+                gen.subscribe(sub)
+                return await sub.future
+            if gen is not None:
+                gen.cancel()  # latest wins
+            if not self.host.ready:
+                record.responded(Outcome.NOT_READY)
+                return None
+            if self.settings.debounce_ms:
+                await asyncio.sleep(self.settings.debounce_ms / 1000.0)
+                if session.latest != request_id:
+                    record.responded(Outcome.SUPERSEDED)
+                    return None
+            gen = self._start(session, snap, record)
+            if gen is None:
+                return None
+            gen.subscribe(sub)
+            return await sub.future
+        except asyncio.CancelledError:
+            record.responded(Outcome.CANCELLED)
+            if gen is not None:
+                gen.detach(sub)
+            raise
+
+    def _start(self, session: DocumentSession, snap: Snapshot, record: Any) -> Generation | None:
+        builder = self._prompt_builder()
+        prompt = builder.build(
+            snap.text, snap.cursor, snap.context, snap.language_id, session.head, session.known
+        )
+        session.head, session.known = prompt.head, list(prompt.middle_pieces)
+        ctx = CursorContext.at(snap.text, snap.cursor)
+        s = self.settings
+        deadline = None if s.deadline_ms is None else time.monotonic() + s.deadline_ms / 1000.0
+        try:
+            handle = self.host.submit(
+                prompt.ids,
+                max_tokens=s.max_tokens,
+                stop=("\n",) if ctx.single_line else (),
+                slot_key=snap.uri,
+                deadline=deadline,
+            )
+        except self.host.engine_errors as exc:
+            log.warning("request %s not submitted: %s", record.request_id, exc)
+            record.responded(Outcome.ERROR)
+            return None
+        record.source = Source.ENGINE
+
+        def done(gen: Generation, completion: Any) -> None:
+            engine_stats = completion.stats.as_dict() if completion is not None else None
+            record.completed(engine_stats, gen.shaper.rule.value)
+
+        gen = Generation(
+            handle,
+            Shaper(ctx),
+            text=snap.text,
+            cursor=snap.cursor,
+            mode=s.response_mode,
+            known=session.known,
+            on_done=done,
+            errors=self.host.engine_errors,
+        )
+        session.generation = gen
+        gen.start()
+        return gen

@@ -1,0 +1,140 @@
+"""Owns the engine for the server: loads it off the event loop, warms it up, reloads it when the engine
+settings change, and builds engine requests.
+
+`lsp_dscoder.engine` (and torch with it) is imported in the loading thread, so the server answers
+`initialize` at once and reports the import as the first progress stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import importlib
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from lsp_dscoder.settings import Device, DType, Settings
+
+log = logging.getLogger(__name__)
+
+# (message, percentage or None); called on the event loop
+Report = Callable[[str, int | None], None]
+
+
+class LoadState(enum.Enum):
+    IDLE = "idle"
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+
+
+def _default_model() -> Path | None:
+    try:
+        bundled = importlib.import_module("lsp_dscoder.bundled")
+    except ImportError:
+        return None
+    path = Path(bundled.default_model_path())
+    return path if (path / "config.json").exists() else None
+
+
+class EngineHost:
+    def __init__(self) -> None:
+        self.state = LoadState.IDLE
+        self.error: str | None = None
+        self.engine: Any = None
+        self.settings: Settings | None = None
+        self._api: ModuleType | None = None
+        self._errors: tuple[type[Exception], ...] = ()
+
+    @property
+    def ready(self) -> bool:
+        return self.state is LoadState.READY
+
+    @property
+    def engine_errors(self) -> tuple[type[Exception], ...]:
+        return self._errors
+
+    async def load(self, settings: Settings, report: Report) -> bool:
+        """Load (or reload) the engine for `settings`. Returns whether it is ready; on failure `error`
+        says why and requests keep getting empty results."""
+        loop = asyncio.get_running_loop()
+        old, self.engine = self.engine, None
+        self.state, self.error, self.settings = LoadState.LOADING, None, settings
+
+        def progress(stage: str, done: int, total: int) -> None:
+            percent = int(100 * done / total) if total else None
+            loop.call_soon_threadsafe(report, f"{stage} {done}/{total}", percent)
+
+        try:
+            if old is not None:
+                await asyncio.to_thread(old.close)
+            self.engine = await asyncio.to_thread(self._open, settings, progress)
+        except (ImportError, OSError, ValueError, RuntimeError, *self._errors) as exc:
+            self.state, self.error = LoadState.FAILED, f"{type(exc).__name__}: {exc}"
+            log.error("engine failed to load: %s", self.error)
+            return False
+        self.state = LoadState.READY
+        return True
+
+    def _open(self, settings: Settings, progress: Callable[[str, int, int], None]) -> Any:
+        progress("import", 0, 1)
+        api = importlib.import_module("lsp_dscoder.engine")
+        errors = importlib.import_module("lsp_dscoder.engine.errors")
+        self._api, self._errors = api, (errors.EngineError,)
+        progress("import", 1, 1)
+        model = Path(settings.model).expanduser() if settings.model else _default_model()
+        if model is None:
+            raise ValueError("no model: pass --model FOLDER or set the `model` setting")
+        device = settings.device
+        if device is Device.AUTO:
+            import torch
+
+            device = Device.CUDA if torch.cuda.is_available() else Device.CPU
+        dtype = settings.dtype
+        if dtype is DType.AUTO:
+            dtype = DType.BFLOAT16 if device is Device.CUDA else DType.FLOAT32
+        config = api.EngineConfig(
+            model=model,
+            device=device.value,
+            dtype=dtype.value,
+            max_context=settings.max_context,
+            num_slots=settings.num_slots,
+        )
+        log.info("loading %s on %s (%s)", model, device.value, dtype.value)
+        engine = api.Engine(config, progress=progress)
+        progress("warmup", 0, 1)
+        tok = engine.tokenizer
+        warm = (tok.bos_id, tok.fim_begin_id, tok.fim_hole_id, tok.fim_end_id)
+        params = api.SamplingParams(max_tokens=2)
+        engine.submit(api.CompletionRequest(prompt_ids=warm, params=params)).result()
+        progress("warmup", 1, 1)
+        return engine
+
+    def submit(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        stop: tuple[str, ...],
+        slot_key: str,
+        deadline: float | None,
+    ) -> Any:
+        api = self._api
+        assert api is not None and self.engine is not None, "submit() before the engine is ready"
+        params = api.SamplingParams(max_tokens=max_tokens, stop=stop)
+        request = api.CompletionRequest(
+            prompt_ids=tuple(prompt_ids), params=params, slot_key=slot_key, deadline=deadline
+        )
+        return self.engine.submit(request)
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.engine.stats()) if self.engine is not None else {}
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+        self.state = LoadState.IDLE

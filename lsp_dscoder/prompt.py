@@ -1,0 +1,266 @@
+"""FIM prompts laid out so that typing only appends tokens (DESIGN.md, "Prompt layout that survives typing").
+
+    <bos> FIM_BEGIN {context}{text before the anchor} FIM_HOLE {text after the cursor} FIM_END {middle}
+
+Everything up to <｜fim▁end｜> is the *head*: built when the edit anchor moves and reused unchanged while
+the user types near the anchor, so the engine's prefix match covers it. The *middle* (anchor to cursor)
+is re-tokenised from the last safe boundary; tokens the model generated (or that the last prompt held)
+are reused up to that boundary, so accepting a suggestion costs no prefill.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from lsp_dscoder.tokens import Piece, cut_known, pieces_of
+
+_C_LIKE = {"c", "cpp", "csharp", "cuda-cpp", "go", "java", "javascript", "javascriptreact", "typescript"}
+_C_LIKE |= {"typescriptreact", "rust", "kotlin", "scala", "swift", "dart", "php", "objective-c", "zig"}
+_DASHES = {"lua", "sql", "haskell", "elm", "ada"}
+_CONTEXT_CACHE_SIZE = 64
+_MAX_CHARS_PER_TOKEN = 8  # a window this wide holds enough tokens for the budget in practice
+
+
+class FimTokenizer(Protocol):
+    bos_id: int
+    fim_begin_id: int
+    fim_hole_id: int
+    fim_end_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Token budgets of the prompt's parts and how the anchor and truncation points move."""
+
+    context_tokens: int = 1024
+    prefix_tokens: int = 1536
+    suffix_tokens: int = 512
+    middle_tokens: int = 256
+    anchor_lines: int = 4
+    step_lines: int = 16
+
+    def fit(self, max_context: int, max_tokens: int) -> Budgets:
+        """Shrink context, prefix and suffix proportionally so that a full prompt plus `max_tokens`
+        generated tokens fits in `max_context` (4 tokens for the FIM markers)."""
+        room = max_context - max_tokens - self.middle_tokens - 4
+        parts = self.context_tokens + self.prefix_tokens + self.suffix_tokens
+        if parts <= room:
+            return self
+        if room <= 0:
+            raise ValueError(
+                f"max_context {max_context} leaves no room for a prompt after max_tokens {max_tokens} "
+                f"and middle_tokens {self.middle_tokens}"
+            )
+        scale = room / parts
+        return replace(
+            self,
+            context_tokens=int(self.context_tokens * scale),
+            prefix_tokens=int(self.prefix_tokens * scale),
+            suffix_tokens=int(self.suffix_tokens * scale),
+        )
+
+
+@dataclass(frozen=True)
+class ContextFile:
+    """Another open document. `key` (uri, version) identifies its text for the tokenisation cache."""
+
+    path: str
+    text: str
+    language_id: str | None
+    key: tuple[str, int | None]
+
+
+@dataclass(frozen=True)
+class Head:
+    """The prompt up to and including <｜fim▁end｜>, valid while the text before `anchor` and the text
+    after the cursor stay as they were."""
+
+    ids: tuple[int, ...]
+    anchor: int  # offset where the middle starts (a line start unless that line is huge)
+    before: str  # text[:anchor] when built
+    after: str  # text after the cursor when built
+    context_tokens: int
+    prefix_tokens: int
+    suffix_tokens: int
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: tuple[int, ...]
+    head: Head
+    head_reused: bool
+    middle: str
+    middle_pieces: tuple[Piece, ...]
+    known_reused: int  # middle tokens taken from the known pieces rather than re-tokenised
+
+
+def comment_prefix(language_id: str | None) -> str:
+    if language_id in _C_LIKE:
+        return "//"
+    if language_id in _DASHES:
+        return "--"
+    return "#"
+
+
+def _line_start(text: str, offset: int) -> int:
+    return max(text.rfind("\n", 0, offset), text.rfind("\r", 0, offset)) + 1
+
+
+class PromptBuilder:
+    """Builds prompts for one tokenizer and one set of budgets; caches tokenised context files."""
+
+    def __init__(self, tokenizer: FimTokenizer, budgets: Budgets) -> None:
+        self.tokenizer = tokenizer
+        self.budgets = budgets
+        self._context_cache: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
+
+    def build(
+        self,
+        text: str,
+        cursor: int,
+        context: Callable[[], Sequence[ContextFile]] = tuple,
+        language_id: str | None = None,
+        head: Head | None = None,
+        known: Sequence[Piece] = (),
+    ) -> Prompt:
+        """The prompt for a cursor at `cursor` (an offset into `text`). Pass the previous prompt's `head`
+        and the pieces the engine's slot holds after it (`known`) to keep the prompt append-only.
+        `context` is called only when the head has to be rebuilt."""
+        reused = head is not None and self._head_valid(head, text, cursor)
+        if reused:
+            middle = text[head.anchor : cursor]
+            pieces, taken = cut_known(self.tokenizer, middle, known)
+            if len(pieces) <= self.budgets.middle_tokens:
+                return Prompt(head.ids + tuple(p.token_id for p in pieces), head, True, middle, pieces, taken)
+        anchor = _line_start(text, cursor)
+        middle = text[anchor:cursor]
+        ids = self.tokenizer.encode(middle)
+        if len(ids) > self.budgets.middle_tokens:
+            # A single huge line: anchor at the cursor, the line's start becomes prefix text.
+            anchor, middle, ids = cursor, "", []
+        new_head = self._head(text, anchor, cursor, context(), language_id)
+        pieces = pieces_of(self.tokenizer, middle, ids)
+        return Prompt(new_head.ids + tuple(ids), new_head, False, middle, pieces, 0)
+
+    def _head_valid(self, head: Head, text: str, cursor: int) -> bool:
+        return (
+            head.anchor <= cursor
+            and len(text) - cursor == len(head.after)
+            and text.startswith(head.before)
+            and text.endswith(head.after)
+            and text.count("\n", head.anchor, cursor) <= self.budgets.anchor_lines
+        )
+
+    def _head(
+        self, text: str, anchor: int, cursor: int, context: Sequence[ContextFile], language_id: str | None
+    ) -> Head:
+        tok = self.tokenizer
+        context_ids = self._context_ids(context, language_id)
+        start = self._prefix_start(text, anchor)
+        prefix_ids = tok.encode(text[start:anchor]) if start < anchor else []
+        suffix_ids = self._suffix_ids(text, cursor)
+        ids = (
+            tok.bos_id,
+            tok.fim_begin_id,
+            *context_ids,
+            *prefix_ids,
+            tok.fim_hole_id,
+            *suffix_ids,
+            tok.fim_end_id,
+        )
+        return Head(
+            ids, anchor, text[:anchor], text[cursor:], len(context_ids), len(prefix_ids), len(suffix_ids)
+        )
+
+    def _prefix_start(self, text: str, anchor: int) -> int:
+        """Where the prefix starts: whole lines back from the anchor within the budget, then moved
+        forward to a line number that is a multiple of `step_lines`, so that it stays put while the
+        anchor moves down a few lines (and the engine keeps reusing the cached prefix)."""
+        budget = self.budgets.prefix_tokens
+        pos, used = anchor, 0
+        while pos > 0 and used < budget:
+            start = _line_start(text, pos - 1)
+            cost = len(self.tokenizer.encode(text[start:pos]))
+            if used + cost > budget:
+                break
+            used, pos = used + cost, start
+        if pos == anchor and anchor > 0:
+            return self._partial_line_start(text, anchor, budget)
+        if pos == 0:
+            return 0
+        step = self.budgets.step_lines
+        line = text.count("\n", 0, pos)
+        for _ in range(-line % step):
+            nxt = text.find("\n", pos, anchor)
+            if nxt < 0:
+                return anchor
+            pos = nxt + 1
+        return pos
+
+    def _partial_line_start(self, text: str, anchor: int, budget: int) -> int:
+        """The line before the anchor alone is over budget (minified code): keep its tail, cut at a
+        token boundary of a window of characters that cannot hold fewer than `budget` tokens."""
+        window = max(anchor - budget * _MAX_CHARS_PER_TOKEN, _line_start(text, anchor - 1))
+        ids = self.tokenizer.encode(text[window:anchor])
+        if len(ids) <= budget:
+            return window
+        dropped = self.tokenizer.decode(ids[: len(ids) - budget])
+        return window + len(dropped) if text.startswith(dropped, window) else anchor
+
+    def _suffix_ids(self, text: str, cursor: int) -> list[int]:
+        """Whole lines after the cursor within the budget (the cursor line's rest first)."""
+        budget = self.budgets.suffix_tokens
+        ids: list[int] = []
+        pos = cursor
+        while pos < len(text):
+            nxt = text.find("\n", pos)
+            end = len(text) if nxt < 0 else nxt + 1
+            line_ids = self.tokenizer.encode(text[pos:end])
+            if len(ids) + len(line_ids) > budget:
+                break
+            ids += line_ids
+            pos = end
+        return ids
+
+    def _context_ids(self, files: Sequence[ContextFile], language_id: str | None) -> list[int]:
+        """Other documents with path headers, in path order (stable across keystrokes), each cut at a
+        line end so that the total stays within the context budget."""
+        budget = self.budgets.context_tokens
+        ids: list[int] = []
+        for f in sorted(files, key=lambda f: f.path):
+            room = budget - len(ids)
+            if room <= 0:
+                break
+            key = (f.key, room, language_id)
+            block = self._context_cache.get(key)
+            if block is None:
+                block = self._context_block(f, room, language_id)
+                self._context_cache[key] = block
+                if len(self._context_cache) > _CONTEXT_CACHE_SIZE:
+                    self._context_cache.popitem(last=False)
+            else:
+                self._context_cache.move_to_end(key)
+            ids += block
+        return ids
+
+    def _context_block(self, f: ContextFile, room: int, language_id: str | None) -> tuple[int, ...]:
+        header = self.tokenizer.encode(f"{comment_prefix(language_id or f.language_id)} {f.path}\n")
+        ids = list(header)
+        pos = 0
+        while pos < len(f.text):
+            nxt = f.text.find("\n", pos)
+            end = len(f.text) if nxt < 0 else nxt + 1
+            line = f.text[pos:end] if nxt >= 0 else f.text[pos:end] + "\n"
+            line_ids = self.tokenizer.encode(line)
+            if len(ids) + len(line_ids) > room:
+                break
+            ids += line_ids
+            pos = end
+        return tuple(ids) if len(ids) > len(header) else ()

@@ -1,0 +1,149 @@
+"""LSP handlers: thin translations between protocol messages and the completer.
+
+Each completion handler snapshots (uri, version, text, position), awaits the completer, and drops the
+answer if the document moved on meanwhile. Cancellation by the client arrives as CancelledError from
+pygls; the completer sets the engine's cancel flag and the error propagates, so the client gets -32800.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from lsprotocol import types
+from pygls.exceptions import JsonRpcInvalidParams
+
+from lsp_dscoder import settings as settings_mod
+from lsp_dscoder.completer import Snapshot
+from lsp_dscoder.errors import ProtocolMisuse
+from lsp_dscoder.positions import sanitize
+from lsp_dscoder.protocol import PARTIAL_COMPLETION, STATS, DscoderServer
+from lsp_dscoder.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def _word_start(text: str, cursor: int) -> int:
+    start = cursor
+    while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
+        start -= 1
+    return start
+
+
+async def _suggest(ls: DscoderServer, uri: str, position: types.Position) -> tuple[Snapshot, str] | None:
+    """The suggestion for a position, or None when there is none or the document changed meanwhile."""
+    request_id = ls.protocol.msg_id
+    try:
+        snap = ls.snapshot(uri, position)
+    except ProtocolMisuse as exc:
+        log.warning("request %s refused: %s", request_id, exc)
+        raise JsonRpcInvalidParams(str(exc)) from exc
+    at = ls.position(snap, snap.cursor)
+    where = {"line": at.line, "character": at.character}
+
+    def send_partial(text: str, done: bool) -> None:
+        params = {"requestId": request_id, "uri": uri, "version": snap.version, "position": where}
+        ls.protocol.notify(PARTIAL_COMPLETION, {**params, "text": text, "done": done})
+
+    text = await ls.completer.complete(snap, request_id, send_partial)
+    if not text or ls.current_version(uri) != snap.version:
+        return None
+    return snap, text
+
+
+def _apply_settings(ls: DscoderServer, raw: Any, *, reload: bool) -> None:
+    new, problems = settings_mod.parse(raw, ls.base)
+    for problem in problems:
+        log.warning("%s", problem)
+        ls.show(problem)
+    engine_changed = new.engine_key() != ls.settings.engine_key()
+    ls.settings = new
+    ls.completer.configure(new)
+    if reload and engine_changed:
+        log.info("engine settings changed: reloading")
+        ls.loading = asyncio.ensure_future(ls.load_engine())
+
+
+def create_server(base: Settings) -> DscoderServer:
+    ls = DscoderServer(base)
+
+    @ls.feature(types.INITIALIZE)
+    def initialize(ls: DscoderServer, params: types.InitializeParams) -> None:
+        _apply_settings(ls, params.initialization_options, reload=False)
+
+    @ls.feature(types.INITIALIZED)
+    async def initialized(ls: DscoderServer, params: types.InitializedParams) -> None:
+        ls.loading = asyncio.ensure_future(ls.load_engine())
+        await ls.loading
+
+    @ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    async def did_change_configuration(ls: DscoderServer, params: types.DidChangeConfigurationParams) -> None:
+        raw = params.settings
+        caps = ls.client_capabilities.workspace
+        if not settings_mod.section(raw) and caps is not None and caps.configuration:
+            item = types.ConfigurationItem(section=settings_mod.SECTION)
+            raw = (await ls.workspace_configuration_async(types.ConfigurationParams(items=[item])))[0]
+        _apply_settings(ls, raw, reload=True)
+
+    @ls.feature(types.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(ls: DscoderServer, params: types.DidChangeTextDocumentParams) -> None:
+        doc = ls.document(params.text_document.uri)
+        ls.completer.changed(params.text_document.uri, sanitize(doc.source), doc.version)
+
+    @ls.feature(types.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(ls: DscoderServer, params: types.DidCloseTextDocumentParams) -> None:
+        ls.completer.closed(params.text_document.uri)
+
+    @ls.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
+    async def inline_completion(
+        ls: DscoderServer, params: types.InlineCompletionParams
+    ) -> types.InlineCompletionList | None:
+        found = await _suggest(ls, params.text_document.uri, params.position)
+        if found is None:
+            return None
+        snap, text = found
+        at = ls.position(snap, snap.cursor)
+        item = types.InlineCompletionItem(insert_text=text, range=types.Range(start=at, end=at))
+        return types.InlineCompletionList(items=[item])
+
+    @ls.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions())
+    async def completion(ls: DscoderServer, params: types.CompletionParams) -> types.CompletionList | None:
+        found = await _suggest(ls, params.text_document.uri, params.position)
+        if found is None:
+            return None
+        snap, text = found
+        start = _word_start(snap.text, snap.cursor)
+        word = snap.text[start : snap.cursor]
+        edit_range = types.Range(start=ls.position(snap, start), end=ls.position(snap, snap.cursor))
+        label = (word + text).strip().split("\n", 1)[0]
+        item = types.CompletionItem(
+            label=label,
+            kind=types.CompletionItemKind.Text,
+            detail="dscoder",
+            filter_text=word + text,
+            insert_text_format=types.InsertTextFormat.PlainText,
+            text_edit=types.TextEdit(range=edit_range, new_text=word + text),
+        )
+        return types.CompletionList(is_incomplete=True, items=[item])
+
+    @ls.feature(STATS)
+    def stats(ls: DscoderServer, params: Any) -> dict[str, Any]:
+        return {
+            "engineState": ls.host.state.value,
+            "engineError": ls.host.error,
+            "engine": ls.host.stats(),
+            "requests": ls.stats.as_dict(),
+            "settings": settings_mod.to_json(ls.settings),
+        }
+
+    @ls.feature(types.SHUTDOWN)
+    def shutdown(ls: DscoderServer, params: None) -> None:
+        ls.shutdown_requested = True
+        ls.completer.close_all()
+
+    @ls.feature(types.EXIT)
+    def exit_(ls: DscoderServer, params: None) -> None:
+        ls.exit_code = 0 if ls.shutdown_requested else 1  # LSP: exit without shutdown is an error
+
+    return ls

@@ -1,0 +1,79 @@
+"""`lsp-dscoder serve`: run the language server over stdio (default) or TCP.
+
+stdout carries the protocol and nothing else: logs go to stderr or --log-file, and file descriptor 1 is
+pointed at stderr once the protocol has its own copy, so a stray print cannot corrupt a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from lsp_dscoder import settings as settings_mod
+from lsp_dscoder.settings import Device, DType
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--stdio", action="store_true", help="speak LSP over stdin/stdout (default)")
+    mode.add_argument("--tcp", action="store_true", help="listen for one client over TCP")
+    parser.add_argument("--host", default="127.0.0.1", help="TCP address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=2087, help="TCP port (default 2087)")
+    parser.add_argument("--model", help="checkpoint folder (default: the bundled model)")
+    parser.add_argument("--device", choices=[d.value for d in Device], help="default: auto")
+    parser.add_argument("--dtype", choices=[d.value for d in DType], help="default: auto")
+    parser.add_argument("--max-context", type=int, help="KV cache length per slot, in tokens")
+    parser.add_argument("--num-slots", type=int, help="documents whose KV stays cached")
+    parser.add_argument("--log-file", help="append logs here instead of stderr")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    handler: logging.Handler
+    handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(args.log_level.upper())
+    # pygls logs every message it sends at INFO: one line per streamed token.
+    logging.getLogger("pygls").setLevel(max(logging.WARNING, root.level))
+
+
+def _protocol_stdout() -> object:
+    """A private copy of fd 1 for the protocol; fd 1 and sys.stdout then go to stderr."""
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from lsp_dscoder.server import create_server
+
+    _setup_logging(args)
+    cli = {
+        "model": args.model,
+        "device": args.device,
+        "dtype": args.dtype,
+        "maxContext": args.max_context,
+        "numSlots": args.num_slots,
+    }
+    base, problems = settings_mod.parse({k: v for k, v in cli.items() if v is not None})
+    if problems:
+        for problem in problems:
+            logging.getLogger(__name__).error("%s", problem)
+        return 2
+    ls = create_server(base)
+    try:
+        if args.tcp:
+            ls.start_tcp(args.host, args.port)
+        else:
+            ls.start_io(sys.stdin.buffer, _protocol_stdout())
+    finally:
+        ls.completer.close_all()
+        ls.host.close()
+    logging.getLogger(__name__).info("server stopped (exit code %d)", ls.exit_code)
+    return ls.exit_code

@@ -1,0 +1,201 @@
+"""Per-document request lifecycle: one running generation per document, the requests subscribed to it,
+latest-wins, cancellation, and typing through a suggestion.
+
+A `Generation` consumes one engine stream and shapes it into a suggestion. Requests subscribe to it: the
+one that started it, and later ones whose document is the generation's document with a prefix of the
+suggestion typed at the cursor (served from memory, no prefill). Subscribers get a partial for every
+change of their remainder and one response: at the first complete line or at the end (response mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lsp_dscoder.postprocess import Shaper
+from lsp_dscoder.prompt import Head
+from lsp_dscoder.settings import ResponseMode
+from lsp_dscoder.stats import Outcome, RequestRecord
+from lsp_dscoder.tokens import Piece
+
+log = logging.getLogger(__name__)
+
+
+class Handle(Protocol):
+    """What the session needs of an engine handle."""
+
+    def cancel(self) -> None: ...
+
+    def stream(self) -> AsyncIterator[Any]: ...
+
+    async def wait(self) -> Any: ...
+
+
+def _future() -> asyncio.Future[str | None]:
+    return asyncio.get_running_loop().create_future()
+
+
+@dataclass(eq=False)
+class Subscriber:
+    request_id: Any
+    version: int | None
+    skip: int  # characters of the suggestion already in the document when this request came
+    send_partial: Callable[[str, bool], None]
+    record: RequestRecord
+    future: asyncio.Future[str | None] = field(default_factory=_future)
+    sent: str | None = None
+
+    def answer(self, text: str | None, outcome: Outcome) -> None:
+        if not self.future.done():
+            self.future.set_result(text)
+            self.record.responded(outcome)
+
+
+class Generation:
+    """One engine request for one document, and the suggestion shaped from its tokens so far."""
+
+    def __init__(
+        self,
+        handle: Handle,
+        shaper: Shaper,
+        *,
+        text: str,
+        cursor: int,
+        mode: ResponseMode,
+        known: list[Piece],
+        on_done: Callable[[Generation, Any], None],
+        errors: tuple[type[Exception], ...] = (),
+    ) -> None:
+        self.handle = handle
+        self.shaper = shaper
+        self.mode = mode
+        self._before = text[:cursor]
+        self._after = text[cursor:]
+        self._known = known  # the session's known pieces: generated tokens are appended as they come
+        self._on_done = on_done
+        self._errors = errors  # the engine's error classes: logged, the suggestion ends where it is
+        self.subscribers: list[Subscriber] = []
+        self.cancelled = False
+        self.finished = False
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        completion = None
+        try:
+            async for event in self.handle.stream():
+                self._known.append(Piece(event.token_id, event.text))
+                self.shaper.feed(event.text)
+                self._publish()
+                if self.shaper.stopped:
+                    self.handle.cancel()  # the suggestion is complete: free the engine
+                    break
+            completion = await self.handle.wait()
+        except self._errors as exc:
+            log.error("generation failed: %s", exc)
+        finally:
+            self.shaper.finish()
+            self.finished = True
+            self._publish()
+            self._on_done(self, completion)
+
+    def typed_through(self, text: str, cursor: int | None = None) -> int | None:
+        """How many characters of the suggestion `text` holds at the generation's cursor (with the
+        cursor right after them, if given); None if `text` does not continue the suggestion."""
+        if self.cancelled:
+            return None
+        typed = len(text) - len(self._before) - len(self._after)
+        at = len(self._before)
+        if not 0 <= typed <= len(self.shaper.text):
+            return None
+        if cursor is not None and cursor != at + typed:
+            return None
+        if typed == len(self.shaper.text) and self.finished and cursor is not None:
+            return None  # all of it accepted: a new request continues from the cache instead
+        if not (text.startswith(self._before) and text.endswith(self._after)):
+            return None
+        return typed if text.startswith(self.shaper.text[:typed], at) else None
+
+    def subscribe(self, sub: Subscriber) -> None:
+        for old in self.subscribers:
+            old.answer(None, Outcome.SUPERSEDED)  # latest wins
+        self.subscribers = [s for s in self.subscribers if s.future.done()]
+        self.subscribers.append(sub)
+        self._update(sub)
+
+    def detach(self, sub: Subscriber) -> None:
+        """The request was cancelled by the client: stop the engine unless someone else listens."""
+        if sub in self.subscribers:
+            self.subscribers.remove(sub)
+        if not self.subscribers:
+            self.cancel()
+
+    def drop_stale(self, version: int | None) -> None:
+        """The document changed: requests for older versions get an empty result and no more partials."""
+        for sub in [s for s in self.subscribers if s.version != version]:
+            sub.answer(None, Outcome.SUPERSEDED)
+            self.subscribers.remove(sub)
+
+    def cancel(self) -> None:
+        if not self.finished and not self.cancelled:
+            self.cancelled = True
+            self.handle.cancel()
+        for sub in self.subscribers:
+            sub.answer(None, Outcome.SUPERSEDED)
+        self.subscribers.clear()
+
+    def _publish(self) -> None:
+        for sub in list(self.subscribers):
+            self._update(sub)
+
+    def _update(self, sub: Subscriber) -> None:
+        text = self.shaper.text[sub.skip :]
+        done = self.shaper.done
+        if text != sub.sent or done:
+            sub.sent = text
+            sub.send_partial(text, done)
+            sub.record.partial_sent()
+        if not sub.future.done():
+            if self.mode is ResponseMode.FIRST_LINE:
+                ready = self.shaper.first_line_ready(sub.skip)
+            else:
+                ready = text if done else None
+            if ready is not None:
+                sub.answer(ready, Outcome.OK if ready else Outcome.EMPTY)
+        if done and sub in self.subscribers:
+            self.subscribers.remove(sub)
+
+
+@dataclass
+class DocumentSession:
+    """What the server remembers about one open document between requests."""
+
+    uri: str
+    head: Head | None = None
+    known: list[Piece] = field(default_factory=list)  # pieces the engine's slot holds after `head`
+    generation: Generation | None = None
+    latest: Any = None  # id of the newest completion request
+
+    def changed(self, text: str, version: int | None) -> None:
+        gen = self.generation
+        if gen is None:
+            return
+        gen.drop_stale(version)
+        if not gen.finished and gen.typed_through(text) is None:
+            gen.cancel()
+
+    def close(self) -> None:
+        if self.generation is not None:
+            self.generation.cancel()
+
+    async def wait_idle(self) -> None:
+        """Until the running generation (if any) has ended; used on shutdown."""
+        if self.generation is not None and self.generation.task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.generation.task

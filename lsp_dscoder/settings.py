@@ -1,0 +1,158 @@
+"""Typed server settings: defaults, the command line's overrides, and validation of what a client sends.
+
+Clients send settings as `initializationOptions` and in `workspace/didChangeConfiguration`, either flat or
+under a `"dscoder"` key, with camelCase names. Each bad value falls back to its default and yields one
+message for `window/showMessage`; unknown names are reported the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SECTION = "dscoder"
+
+
+class ResponseMode(enum.Enum):
+    """When the final inlineCompletion response is sent."""
+
+    FIRST_LINE = "firstLine"  # once the first non-blank line is complete; decoding continues into the cache
+    FULL = "full"  # once generation stops
+
+
+class Device(enum.Enum):
+    AUTO = "auto"  # cuda when available, else cpu
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class DType(enum.Enum):
+    AUTO = "auto"  # float32 on cpu, bfloat16 on cuda
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Engine: changing any of these reloads the model.
+    model: str | None = None  # checkpoint folder; None means the bundled model
+    device: Device = Device.AUTO
+    dtype: DType = DType.AUTO
+    max_context: int = 4096  # KV cache length per slot, in tokens
+    num_slots: int = 4  # documents whose KV stays cached (LRU)
+    # Prompt budgets, in tokens.
+    context_tokens: int = 1024  # other open documents
+    prefix_tokens: int = 1536  # text before the edit anchor
+    suffix_tokens: int = 512  # text after the cursor
+    middle_tokens: int = 256  # text from the anchor to the cursor; past this the anchor moves
+    anchor_lines: int = 4  # typing this many lines below the anchor keeps it
+    truncation_step_lines: int = 16  # the prefix's first line moves in steps of this many lines
+    context_files: int = 8  # at most this many other documents in the context
+    # Decoding and responses.
+    max_tokens: int = 128
+    response_mode: ResponseMode = ResponseMode.FIRST_LINE
+    debounce_ms: int = 0  # wait this long before submitting (0: no debounce)
+    deadline_ms: int | None = None  # stop decoding this long after submission (None: no deadline)
+
+    ENGINE_FIELDS = ("model", "device", "dtype", "max_context", "num_slots")
+
+    def engine_key(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.ENGINE_FIELDS)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _int_in(low: int, high: int) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"expected an integer in [{low}, {high}], got {value!r}")
+        return value
+
+    return check
+
+
+def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else check(value)
+
+
+def _enum(kind: type[enum.Enum]) -> Callable[[Any], enum.Enum]:
+    def check(value: Any) -> enum.Enum:
+        try:
+            return kind(value)
+        except ValueError:
+            allowed = ", ".join(repr(e.value) for e in kind)
+            raise ValueError(f"expected one of {allowed}, got {value!r}") from None
+
+    return check
+
+
+def _path(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a folder path, got {value!r}")
+    return value
+
+
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "model": _optional(_path),
+    "device": _enum(Device),
+    "dtype": _enum(DType),
+    "max_context": _int_in(64, 1 << 20),
+    "num_slots": _int_in(1, 64),
+    "context_tokens": _int_in(0, 1 << 20),
+    "prefix_tokens": _int_in(0, 1 << 20),
+    "suffix_tokens": _int_in(0, 1 << 20),
+    "middle_tokens": _int_in(8, 1 << 16),
+    "anchor_lines": _int_in(0, 1000),
+    "truncation_step_lines": _int_in(1, 10_000),
+    "context_files": _int_in(0, 256),
+    "max_tokens": _int_in(1, 1 << 16),
+    "response_mode": _enum(ResponseMode),
+    "debounce_ms": _int_in(0, 10_000),
+    "deadline_ms": _optional(_int_in(1, 3_600_000)),
+}
+_BY_CAMEL = {_camel(name): name for name in _CHECKS}
+DEFAULTS = Settings()
+
+
+def section(raw: Any) -> Mapping[str, Any]:
+    """The settings object out of what a client sent: `{"dscoder": {...}}`, flat `{...}`, or nothing."""
+    if not isinstance(raw, Mapping):
+        return {}
+    inner = raw.get(SECTION)
+    return inner if isinstance(inner, Mapping) else raw
+
+
+def parse(raw: Any, base: Settings = DEFAULTS) -> tuple[Settings, list[str]]:
+    """Apply the client's values over `base`. Returns the settings and one message per rejected value."""
+    values = section(raw)
+    changes: dict[str, Any] = {}
+    problems: list[str] = []
+    for key, value in values.items():
+        name = _BY_CAMEL.get(key)
+        if name is None:
+            problems.append(f"dscoder: unknown setting {key!r} ignored")
+            continue
+        try:
+            changes[name] = _CHECKS[name](value)
+        except ValueError as exc:
+            default = getattr(DEFAULTS, name)
+            shown = default.value if isinstance(default, enum.Enum) else default
+            problems.append(f"dscoder: setting {key!r}: {exc}; using the default {shown!r}")
+            changes[name] = default
+    return dataclasses.replace(base, **changes), problems
+
+
+def to_json(settings: Settings) -> dict[str, Any]:
+    """The settings as a client would write them (camelCase, enum values)."""
+    out = {}
+    for name in _CHECKS:
+        value = getattr(settings, name)
+        out[_camel(name)] = value.value if isinstance(value, enum.Enum) else value
+    return out
