@@ -1,0 +1,152 @@
+"""Rotary embedding of q and k straight out of the fused QKV projection, with k and v stored into one
+slot's KV cache in the same pass (instead of a rope pass plus two copies).
+
+Convention: Hugging Face Llama's rotate_half (the two halves of a head pair up, not interleaved lanes):
+out[:D/2] = x1 cos - x2 sin, out[D/2:] = x2 cos + x1 sin. The start position is read on the device so a
+CUDA graph captured once replays at any position.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .contract import FLOAT_DTYPES, check_head_dim, check_out, check_position, check_tensor
+
+# Tokens per program: a (16, D/2) tile per half-head, a few KB in flight.
+_MAX_BLOCK_T = 16
+
+
+@triton.jit
+def _rope_store_kernel(
+    qkv_ptr,  # (T, (H + 2 KVH) * D): q heads, then k heads, then v heads
+    cos_sin_ptr,  # (max_ctx, D) fp32: cos in [0, D/2), sin in [D/2, D)
+    start_ptr,  # (1,) position of token 0
+    q_ptr,  # (T, H, D) out
+    k_ptr,  # (KVH, max_ctx, D)
+    v_ptr,  # (KVH, max_ctx, D)
+    T,
+    max_ctx,
+    H: tl.constexpr,
+    KVH: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    head = tl.program_id(1)  # over the H + 2 KVH heads of the qkv row
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,)
+    half = tl.arange(0, D // 2)
+    pos = tl.load(start_ptr).to(tl.int64) + t
+    # Positions past the cache are dropped: the host cannot see start, and a write there would land in
+    # another head's (or slot's) rows.
+    ok = ((t < T) & (pos < max_ctx))[:, None]
+    src = qkv_ptr + t.to(tl.int64)[:, None] * ((H + 2 * KVH) * D) + head * D + half[None, :]
+    x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)  # (BLOCK_T, D/2)
+    x2 = tl.load(src + D // 2, mask=ok, other=0.0).to(tl.float32)
+    if head < H + KVH:
+        cs = cos_sin_ptr + pos[:, None] * D + half[None, :]
+        cos = tl.load(cs, mask=ok, other=0.0)
+        sin = tl.load(cs + D // 2, mask=ok, other=0.0)
+        y1 = x1 * cos - x2 * sin
+        y2 = x2 * cos + x1 * sin
+    else:
+        y1 = x1
+        y2 = x2
+    if head < H:
+        dst = q_ptr + t.to(tl.int64)[:, None] * (H * D) + head * D + half[None, :]
+    elif head < H + KVH:
+        dst = k_ptr + (head - H).to(tl.int64) * max_ctx * D + pos[:, None] * D + half[None, :]
+    else:
+        dst = v_ptr + (head - H - KVH).to(tl.int64) * max_ctx * D + pos[:, None] * D + half[None, :]
+    tl.store(dst, y1.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(dst + D // 2, y2.to(q_ptr.dtype.element_ty), mask=ok)
+
+
+def rope_store(
+    qkv: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions_start: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Rotate q and k of qkv (T, (H + 2 KVH) * D) for positions start..start+T-1; write rotated k and raw v
+    to k_cache/v_cache (KVH, max_ctx, D) at those positions; return rotated q (T, H, D) in qkv.dtype.
+
+    cos_sin_cache: (>= max_ctx, D) fp32 from rope_cos_sin. positions_start: 1-element int32/int64 device
+    tensor; the caller keeps start + T <= max_ctx (rows past the cache are not written)."""
+    check_tensor("qkv", qkv, ndim=2, dtypes=FLOAT_DTYPES)
+    n_tok = qkv.shape[0]
+    if num_heads < 1 or num_kv_heads < 1:
+        raise ValueError(f"num_heads and num_kv_heads must be >= 1, got {num_heads}, {num_kv_heads}")
+    n_rows = num_heads + 2 * num_kv_heads
+    if qkv.shape[1] % n_rows:
+        raise ValueError(f"qkv width {qkv.shape[1]} is not (num_heads + 2 * num_kv_heads) * head_dim")
+    head_dim = qkv.shape[1] // n_rows
+    check_head_dim(head_dim)
+    check_tensor("k_cache", k_cache, ndim=3, dtypes=(qkv.dtype,), device=qkv.device)
+    max_ctx = k_cache.shape[1]
+    if k_cache.shape != (num_kv_heads, max_ctx, head_dim):
+        raise ValueError(f"k_cache must be ({num_kv_heads}, max_ctx, {head_dim}), got {tuple(k_cache.shape)}")
+    check_tensor("v_cache", v_cache, shape=tuple(k_cache.shape), dtypes=(qkv.dtype,), device=qkv.device)
+    check_tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=(torch.float32,), device=qkv.device)
+    if cos_sin_cache.shape[0] < max_ctx or cos_sin_cache.shape[1] != head_dim:
+        got = tuple(cos_sin_cache.shape)
+        raise ValueError(f"cos_sin_cache must be (>= {max_ctx}, {head_dim}), got {got}")
+    check_position("positions_start", positions_start, qkv.device)
+    out = check_out(out, (n_tok, num_heads, head_dim), qkv.dtype, qkv.device)
+    if n_tok == 0:
+        return out
+    block_t = min(_MAX_BLOCK_T, triton.next_power_of_2(n_tok))
+    _rope_store_kernel[(triton.cdiv(n_tok, block_t), n_rows)](
+        qkv, cos_sin_cache, positions_start, out, k_cache, v_cache, n_tok, max_ctx,
+        H=num_heads, KVH=num_kv_heads, D=head_dim, BLOCK_T=block_t, num_warps=4,
+    )
+    return out
+
+
+def rope_cos_sin(max_ctx: int, head_dim: int, theta: float, scaling_factor: float,
+                 device: torch.device | str) -> torch.Tensor:
+    """(max_ctx, head_dim) fp32: cos in the first half, sin in the second, for positions 0..max_ctx-1.
+
+    Computed as Hugging Face's LlamaRotaryEmbedding does for rope_type "default" (scaling_factor 1.0) and
+    "linear" (inverse frequencies divided by the factor, the same as positions / factor), same fp32 steps."""
+    if max_ctx < 1 or head_dim < 2 or head_dim % 2:
+        raise ValueError(f"need max_ctx >= 1 and an even head_dim, got {max_ctx}, {head_dim}")
+    if not (theta > 0.0 and scaling_factor > 0.0):
+        raise ValueError(f"theta and scaling_factor must be > 0, got {theta}, {scaling_factor}")
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq = (inv_freq / scaling_factor).to(device)  # (D/2,)
+    freqs = torch.arange(max_ctx, device=device).float()[:, None] * inv_freq[None, :]  # (max_ctx, D/2)
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()
+
+
+def rope_store_ref(
+    qkv: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    positions_start: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> torch.Tensor:
+    """Plain PyTorch, fp32 rotation rounded once (the test oracle); writes the caches like the kernel."""
+    n_tok = qkv.shape[0]
+    head_dim = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
+    start = int(positions_start.item())
+    heads = qkv.view(n_tok, -1, head_dim)  # (T, H + 2 KVH, D)
+    q, k, v = heads.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+    cos, sin = cos_sin_cache[start:start + n_tok].float().chunk(2, dim=-1)  # (T, D/2) each
+    cos = torch.cat((cos, cos), -1)[:, None, :]  # (T, 1, D)
+    sin = torch.cat((sin, sin), -1)[:, None, :]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        x1, x2 = x.chunk(2, dim=-1)
+        return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(qkv.dtype)
+
+    k_cache[:, start:start + n_tok] = rotate(k).transpose(0, 1)  # (KVH, T, D)
+    v_cache[:, start:start + n_tok] = v.transpose(0, 1)
+    return rotate(q)
