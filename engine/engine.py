@@ -28,6 +28,16 @@ from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.engine.weights import load_weights
 
 log = logging.getLogger(__name__)
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 Progress = Callable[[str, int, int], None]
 
 
@@ -165,12 +175,22 @@ class Engine:
         weights = load_weights(folder, self.model_config, self.device, config.torch_dtype, report)
         self.max_context = config.max_context
         report("allocating KV cache", 0, 1)
-        pad = 0
+        fast = config.fast_path
+        if fast is None:
+            fast = self.device.type == "cuda" and _triton_available()
+        if fast and self.device.type != "cuda":
+            raise EngineError("the fast path needs a CUDA device (use the reference path on CPU)")
+        if fast:  # imported here: Triton is an optional dependency, needed only on CUDA
+            from lsp_dscoder.engine.fast import BUCKETS, FastRunner
+        pad = max(BUCKETS) if fast else 0
         self.cache = KVCache(
             self.model_config, config.num_slots, config.max_context, self.device, config.torch_dtype, pad=pad
         )
         self.model = Transformer(self.model_config, weights, self.cache.capacity)
         self.runner = ReferenceRunner(self.model, self.cache)
+        if fast:
+            self.runner = FastRunner(self.model, self.cache)
+            self.runner.capture(report)
         report("ready", 1, 1)
         self._queue: queue.Queue[CompletionHandle | None] = queue.Queue()
         self._closed = False

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.tiny import default_tiny
+
+# Without a GPU, Triton kernels run in its interpreter on CPU tensors. Triton reads this when a kernel
+# module is imported, so it is set before any test module imports one.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

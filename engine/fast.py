@@ -1,0 +1,127 @@
+"""The fast path (CUDA): fused Triton kernels around cuBLAS GEMMs, and CUDA graphs for small steps.
+
+One forward = per layer: fused residual-add + RMSNorm, one QKV GEMM, RoPE fused with the K/V store,
+extend attention (decode attention for one token), one O GEMM, residual-add + RMSNorm, one gate/up GEMM,
+SwiGLU, one down GEMM; then the LM head on the last valid position only.
+
+Small steps (a keystroke, a decode step) are captured as CUDA graphs per (slot, bucket): the step's
+tokens are padded to the bucket, the start position and the index of the last real token live in device
+tensors, so one replay serves any position. Padded tokens write K/V past the real ones, into rows that
+are overwritten before they are ever read (the buffer has `max_bucket` spare rows at its end).
+Larger prefills run the same kernels eagerly: Triton takes the length as a runtime argument, so
+varying lengths never recompile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from lsp_dscoder.engine.config import ModelConfig
+from lsp_dscoder.engine.kv_cache import KVCache
+from lsp_dscoder.engine.model import Transformer
+from lsp_dscoder.kernels.decode_attention import decode_attention
+from lsp_dscoder.kernels.extend_attention import extend_attention
+from lsp_dscoder.kernels.rms_norm import rms_norm
+from lsp_dscoder.kernels.rope_store import rope_cos_sin, rope_store
+from lsp_dscoder.kernels.silu_mul import silu_mul
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+Progress = Callable[[str, int, int], None]
+
+
+class FastRunner:
+    """Runner (engine/generate.py) on the fast path. `graphs=False` runs the kernels eagerly (the CPU test
+    suite does so under TRITON_INTERPRET=1)."""
+
+    def __init__(
+        self, model: Transformer, cache: KVCache, graphs: bool = True, buckets: tuple[int, ...] = BUCKETS
+    ) -> None:
+        self.model, self.cache, self.cfg = model, cache, model.cfg
+        self.buckets = tuple(b for b in buckets if b <= cache.capacity - cache.max_context) if graphs else ()
+        dev = model.device
+        cfg: ModelConfig = model.cfg
+        self.cos_sin = rope_cos_sin(
+            cache.capacity, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, dev
+        )
+        self.scale = cfg.head_dim**-0.5
+        n = max(self.buckets, default=1)
+        # Static inputs of every graph: token ids (padded), start position, index of the last real token.
+        self.ids = torch.zeros(n, dtype=torch.long, device=dev)
+        self.start = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.last = torch.zeros(1, dtype=torch.long, device=dev)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.counts = {"graph_replays": 0, "eager_forwards": 0}
+
+    # -- the forward pass ------------------------------------------------------------------------------
+    def forward(self, ids: torch.Tensor, start: torch.Tensor, last: torch.Tensor, slot: int) -> torch.Tensor:
+        """ids (T,) at positions start..start+T-1 of `slot`; float32 logits (1, V) of token `last`."""
+        cfg, w, cache = self.cfg, self.model.w, self.cache
+        t = ids.shape[0]
+        h = w.embed[ids]  # (T, C)
+        residual, x = h, None
+        seq_len = start + 1  # decode: the current token included
+        for n, layer in enumerate(w.layers):
+            if x is None:
+                x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
+                residual = h.clone()
+            else:
+                x = rms_norm(x, layer.input_norm, cfg.rms_norm_eps, residual=residual)  # residual += mlp out
+            qkv = x @ layer.wqkv.T  # (T, (H + 2*KVH) * D)
+            k_cache, v_cache = cache.k(n, slot), cache.v(n, slot)  # (KVH, capacity, D)
+            q = rope_store(qkv, self.cos_sin, start, k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads)
+            if t == 1:
+                attn = decode_attention(q, k_cache, v_cache, seq_len, self.scale)  # (1, H, D)
+            else:
+                attn = extend_attention(q, k_cache, v_cache, start, self.scale)  # (T, H, D)
+            o = attn.view(t, cfg.q_size) @ layer.wo.T  # (T, C)
+            x = rms_norm(o, layer.post_norm, cfg.rms_norm_eps, residual=residual)  # residual += attn out
+            x = silu_mul(x @ layer.w_gate_up.T) @ layer.w_down.T  # (T, C)
+        x = rms_norm(x, w.norm, cfg.rms_norm_eps, residual=residual)  # (T, C)
+        return (x.index_select(0, last) @ w.lm_head.T).float()  # (1, V): LM head on one row
+
+    # -- Runner protocol -------------------------------------------------------------------------------
+    def prefill(self, ids: torch.Tensor, start: int, slot: int) -> torch.Tensor:
+        return self._step(ids, start, slot)
+
+    def decode(self, token: int, pos: int, slot: int) -> torch.Tensor:
+        self.ids[0] = token
+        return self._step(self.ids[:1], pos, slot)
+
+    def _step(self, ids: torch.Tensor, start: int, slot: int) -> torch.Tensor:
+        t = ids.shape[0]
+        bucket = next((b for b in self.buckets if b >= t), None)
+        if bucket is None or (slot, bucket) not in self.graphs:
+            self.counts["eager_forwards"] += 1
+            pos = torch.full((1,), start, dtype=torch.int32, device=ids.device)
+            return self.forward(ids, pos, torch.full((1,), t - 1, dtype=torch.long, device=ids.device), slot)
+        graph, logits = self.graphs[(slot, bucket)]
+        if ids.data_ptr() != self.ids.data_ptr():
+            self.ids[:t].copy_(ids, non_blocking=True)
+        self.start.fill_(start)
+        self.last.fill_(t - 1)
+        graph.replay()
+        self.counts["graph_replays"] += 1
+        return logits.clone()  # the graph's output buffer is rewritten by the next replay
+
+    # -- warm-up: compile every kernel variant, capture the graphs -----------------------------------
+    def capture(self, progress: Progress | None = None) -> None:
+        todo = [(s, b) for s in range(len(self.cache.slots)) for b in self.buckets]
+        self.start.zero_()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for b in self.buckets:  # eager runs compile the Triton kernels for every tile shape used
+                self.last.fill_(b - 1)
+                self.forward(self.ids[:b], self.start, self.last, 0)
+        torch.cuda.current_stream().wait_stream(side)
+        pool = torch.cuda.graph_pool_handle()
+        for i, (slot, b) in enumerate(todo):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                logits = self.forward(self.ids[:b], self.start, self.last, slot)
+            self.graphs[(slot, b)] = (graph, logits)
+            if progress:
+                progress("capturing CUDA graphs", i + 1, len(todo))
+        torch.cuda.synchronize()
