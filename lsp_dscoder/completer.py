@@ -59,7 +59,7 @@ class Completer:
                 suffix_tokens=s.suffix_tokens,
                 middle_tokens=s.middle_tokens,
                 anchor_lines=s.anchor_lines,
-                step_lines=s.truncation_step_lines,
+                step_tokens=s.truncation_step_tokens,
             )
             engine = self.host.engine
             self._builder = PromptBuilder(engine.tokenizer, budgets.fit(engine.max_context, s.max_tokens))

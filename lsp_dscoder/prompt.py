@@ -44,7 +44,7 @@ class Budgets:
     suffix_tokens: int = 512
     middle_tokens: int = 256
     anchor_lines: int = 4
-    step_lines: int = 16
+    step_tokens: int = 256  # room a fresh prefix cut leaves to grow into before it is cut again
 
     def fit(self, max_context: int, max_tokens: int) -> Budgets:
         """Shrink context, prefix and suffix proportionally so that a full prompt plus `max_tokens`
@@ -86,6 +86,7 @@ class Head:
     anchor: int  # offset where the middle starts (a line start unless that line is huge)
     before: str  # text[:anchor] when built
     after: str  # text after the cursor when built
+    prefix_start: int  # offset where the prefix starts
     context_tokens: int
     prefix_tokens: int
     suffix_tokens: int
@@ -145,7 +146,7 @@ class PromptBuilder:
         if len(ids) > self.budgets.middle_tokens:
             # A single huge line: anchor at the cursor, the line's start becomes prefix text.
             anchor, middle, ids = cursor, "", []
-        new_head = self._head(text, anchor, cursor, context(), language_id)
+        new_head = self._head(text, anchor, cursor, context(), language_id, head)
         pieces = pieces_of(self.tokenizer, middle, ids)
         return Prompt(new_head.ids + tuple(ids), new_head, False, middle, pieces, 0)
 
@@ -159,11 +160,17 @@ class PromptBuilder:
         )
 
     def _head(
-        self, text: str, anchor: int, cursor: int, context: Sequence[ContextFile], language_id: str | None
+        self,
+        text: str,
+        anchor: int,
+        cursor: int,
+        context: Sequence[ContextFile],
+        language_id: str | None,
+        previous: Head | None,
     ) -> Head:
         tok = self.tokenizer
         context_ids = self._context_ids(context, language_id)
-        start = self._prefix_start(text, anchor)
+        start = self._prefix_start(text, anchor, previous)
         prefix_ids = tok.encode(text[start:anchor]) if start < anchor else []
         suffix_ids = self._suffix_ids(text, cursor)
         ids = (
@@ -176,37 +183,42 @@ class PromptBuilder:
             tok.fim_end_id,
         )
         return Head(
-            ids, anchor, text[:anchor], text[cursor:], len(context_ids), len(prefix_ids), len(suffix_ids)
+            ids,
+            anchor,
+            text[:anchor],
+            text[cursor:],
+            start,
+            len(context_ids),
+            len(prefix_ids),
+            len(suffix_ids),
         )
 
-    def _prefix_start(self, text: str, anchor: int) -> int:
-        """Where the prefix starts: whole lines back from the anchor within the budget, then moved
-        forward to a line number that is a multiple of `step_lines`, so that it stays put while the
-        anchor moves down a few lines (and the engine keeps reusing the cached prefix)."""
+    def _prefix_start(self, text: str, anchor: int, previous: Head | None) -> int:
+        """Where the prefix starts. The previous head's start is kept while the text before it is
+        unchanged and the prefix still fits, so the cached tokens stay valid as the anchor moves down.
+        A fresh cut takes whole lines back from the anchor up to `budget - step` tokens, leaving `step`
+        tokens of room: the cut then moves in coarse steps, not with every line."""
         budget = self.budgets.prefix_tokens
+        if previous is not None and previous.prefix_start <= anchor:
+            start = previous.prefix_start
+            same_before = text.startswith(previous.before[:start])
+            if same_before and len(self.tokenizer.encode(text[start:anchor])) <= budget:
+                return start
+        target = budget - min(self.budgets.step_tokens, budget // 2)
         pos, used = anchor, 0
-        while pos > 0 and used < budget:
+        while pos > 0:
             start = _line_start(text, pos - 1)
             cost = len(self.tokenizer.encode(text[start:pos]))
-            if used + cost > budget:
+            if used + cost > target:
                 break
             used, pos = used + cost, start
         if pos == anchor and anchor > 0:
-            return self._partial_line_start(text, anchor, budget)
-        if pos == 0:
-            return 0
-        step = self.budgets.step_lines
-        line = text.count("\n", 0, pos)
-        for _ in range(-line % step):
-            nxt = text.find("\n", pos, anchor)
-            if nxt < 0:
-                return anchor
-            pos = nxt + 1
+            return self._partial_line_start(text, anchor, target)
         return pos
 
     def _partial_line_start(self, text: str, anchor: int, budget: int) -> int:
-        """The line before the anchor alone is over budget (minified code): keep its tail, cut at a
-        token boundary of a window of characters that cannot hold fewer than `budget` tokens."""
+        """The line before the anchor alone is over budget (minified code): keep the tail of it that
+        fits, cut at a token boundary."""
         window = max(anchor - budget * _MAX_CHARS_PER_TOKEN, _line_start(text, anchor - 1))
         ids = self.tokenizer.encode(text[window:anchor])
         if len(ids) <= budget:
@@ -216,18 +228,25 @@ class PromptBuilder:
 
     def _suffix_ids(self, text: str, cursor: int) -> list[int]:
         """Whole lines after the cursor within the budget (the cursor line's rest first)."""
-        budget = self.budgets.suffix_tokens
-        ids: list[int] = []
-        pos = cursor
+        return self._leading_lines(text, cursor, self.budgets.suffix_tokens)
+
+    def _leading_lines(self, text: str, start: int, budget: int) -> list[int]:
+        """Tokens of the most whole lines from `start` that fit `budget`, tokenised together (lines
+        tokenised one by one would split "\n" from the next line's indentation)."""
+        ends, pos, estimate = [], start, 0
         while pos < len(text):
             nxt = text.find("\n", pos)
             end = len(text) if nxt < 0 else nxt + 1
-            line_ids = self.tokenizer.encode(text[pos:end])
-            if len(ids) + len(line_ids) > budget:
+            estimate += len(self.tokenizer.encode(text[pos:end]))
+            if estimate > budget:
                 break
-            ids += line_ids
+            ends.append(end)
             pos = end
-        return ids
+        while ends:
+            ids = self.tokenizer.encode(text[start : ends.pop()])
+            if len(ids) <= budget:
+                return ids
+        return []
 
     def _context_ids(self, files: Sequence[ContextFile], language_id: str | None) -> list[int]:
         """Other documents with path headers, in path order (stable across keystrokes), each cut at a
@@ -251,16 +270,7 @@ class PromptBuilder:
         return ids
 
     def _context_block(self, f: ContextFile, room: int, language_id: str | None) -> tuple[int, ...]:
-        header = self.tokenizer.encode(f"{comment_prefix(language_id or f.language_id)} {f.path}\n")
-        ids = list(header)
-        pos = 0
-        while pos < len(f.text):
-            nxt = f.text.find("\n", pos)
-            end = len(f.text) if nxt < 0 else nxt + 1
-            line = f.text[pos:end] if nxt >= 0 else f.text[pos:end] + "\n"
-            line_ids = self.tokenizer.encode(line)
-            if len(ids) + len(line_ids) > room:
-                break
-            ids += line_ids
-            pos = end
-        return tuple(ids) if len(ids) > len(header) else ()
+        header = f"{comment_prefix(language_id or f.language_id)} {f.path}\n"
+        body = f.text if f.text.endswith("\n") else f.text + "\n"
+        ids = self._leading_lines(header + body, 0, room)
+        return tuple(ids) if len(ids) > len(self.tokenizer.encode(header)) else ()

@@ -124,9 +124,8 @@ class Generation:
 
     def subscribe(self, sub: Subscriber) -> None:
         for old in self.subscribers:
-            old.answer(None, Outcome.SUPERSEDED)  # latest wins
-        self.subscribers = [s for s in self.subscribers if s.future.done()]
-        self.subscribers.append(sub)
+            old.answer(None, Outcome.SUPERSEDED)  # latest wins: no more partials for older requests
+        self.subscribers = [sub]
         self._update(sub)
 
     def detach(self, sub: Subscriber) -> None:

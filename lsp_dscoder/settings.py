@@ -50,7 +50,7 @@ class Settings:
     suffix_tokens: int = 512  # text after the cursor
     middle_tokens: int = 256  # text from the anchor to the cursor; past this the anchor moves
     anchor_lines: int = 4  # typing this many lines below the anchor keeps it
-    truncation_step_lines: int = 16  # the prefix's first line moves in steps of this many lines
+    truncation_step_tokens: int = 256  # a fresh prefix cut leaves this much room to grow into
     context_files: int = 8  # at most this many other documents in the context
     # Decoding and responses.
     max_tokens: int = 128
@@ -110,7 +110,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "suffix_tokens": _int_in(0, 1 << 20),
     "middle_tokens": _int_in(8, 1 << 16),
     "anchor_lines": _int_in(0, 1000),
-    "truncation_step_lines": _int_in(1, 10_000),
+    "truncation_step_tokens": _int_in(1, 1 << 20),
     "context_files": _int_in(0, 256),
     "max_tokens": _int_in(1, 1 << 16),
     "response_mode": _enum(ResponseMode),

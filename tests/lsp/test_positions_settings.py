@@ -1,0 +1,88 @@
+"""Positions in every negotiated encoding (emoji, CJK, CRLF, lone surrogates) and settings validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from lsp_dscoder.errors import PositionError
+from lsp_dscoder.positions import Encoding, offset_at, position_at, sanitize
+from lsp_dscoder.settings import DEFAULTS, Device, ResponseMode, Settings, parse, to_json
+
+TEXT = "a😀b你c\r\nx\rend"
+
+
+@pytest.mark.parametrize(
+    ("encoding", "units_before_c"),
+    [(Encoding.UTF16, 5), (Encoding.UTF8, 9), (Encoding.UTF32, 4)],
+)
+def test_offsets_of_emoji_and_cjk(encoding, units_before_c):
+    c = TEXT.index("c")
+    assert offset_at(TEXT, 0, units_before_c, encoding) == c
+    assert position_at(TEXT, c, encoding) == (0, units_before_c)
+    for offset in range(len(TEXT) + 1):
+        if TEXT[offset - 1 : offset + 1] == "\r\n":
+            continue  # between \r and \n is not a position
+        line, character = position_at(TEXT, offset, encoding)
+        assert offset_at(TEXT, line, character, encoding) == offset
+
+
+def test_line_breaks_past_the_end_and_inside_a_character():
+    assert offset_at(TEXT, 1, 0, Encoding.UTF16) == TEXT.index("x")
+    assert offset_at(TEXT, 2, 0, Encoding.UTF16) == TEXT.index("end")
+    assert offset_at(TEXT, 0, 99, Encoding.UTF16) == TEXT.index("\r")  # clamped to the line end
+    assert offset_at(TEXT, 0, 2, Encoding.UTF16) == 1  # inside the surrogate pair: before the emoji
+    assert offset_at("a\n", 1, 0, Encoding.UTF16) == 2  # the empty last line exists
+    with pytest.raises(PositionError, match="line 3 is past the end of the document \\(3 lines\\)"):
+        offset_at(TEXT, 3, 0, Encoding.UTF16)
+    with pytest.raises(PositionError):
+        offset_at(TEXT, 0, -1, Encoding.UTF16)
+
+
+def test_sanitize_replaces_lone_surrogates_keeping_offsets():
+    text = "a\ud800b\udfffc😀"
+    clean = sanitize(text)
+    assert clean == "a\ufffdb\ufffdc😀" and len(clean) == len(text)
+    assert clean.encode("utf-8")
+    assert sanitize("plain") == "plain"
+
+
+def test_encoding_parse():
+    assert Encoding.parse("utf-8") is Encoding.UTF8
+    assert Encoding.parse(None) is Encoding.UTF16
+    assert Encoding.parse("ucs-2") is Encoding.UTF16
+
+
+def test_settings_defaults_and_values():
+    assert DEFAULTS.debounce_ms == 0 and DEFAULTS.response_mode is ResponseMode.FIRST_LINE
+    assert DEFAULTS.model is None and DEFAULTS.deadline_ms is None
+    raw = {"dscoder": {"maxTokens": 32, "responseMode": "full", "device": "cpu", "deadlineMs": None}}
+    settings, problems = parse(raw)
+    assert problems == []
+    assert (settings.max_tokens, settings.response_mode, settings.device) == (
+        32,
+        ResponseMode.FULL,
+        Device.CPU,
+    )
+    flat, _ = parse({"maxContext": 2048, "model": "/models/ds"})
+    assert (flat.max_context, flat.model) == (2048, "/models/ds")
+    assert parse(None) == (DEFAULTS, [])
+    assert to_json(settings)["responseMode"] == "full" and to_json(DEFAULTS)["debounceMs"] == 0
+
+
+def test_bad_settings_fall_back_to_defaults_with_a_message():
+    base = Settings(max_tokens=7)
+    settings, problems = parse(
+        {"maxTokens": -3, "responseMode": "all", "debounceMs": True, "numSlots": 2, "colour": "red"}, base
+    )
+    assert (settings.max_tokens, settings.response_mode, settings.num_slots) == (
+        128,
+        ResponseMode.FIRST_LINE,
+        2,
+    )
+    assert problems == [
+        "dscoder: setting 'maxTokens': expected an integer in [1, 65536], got -3; using the default 128",
+        "dscoder: setting 'responseMode': expected one of 'firstLine', 'full', got 'all'; "
+        "using the default 'firstLine'",
+        "dscoder: setting 'debounceMs': expected an integer in [0, 10000], got True; using the default 0",
+        "dscoder: unknown setting 'colour' ignored",
+    ]
