@@ -54,7 +54,9 @@ PROBE = r"""
 local ghost = require('lsp_dscoder.ghost')
 local probe = { requests = {}, partials = {}, responses = {}, renders = {}, statuses = {} }
 
-local function shown(bufnr)
+-- The ghost-text extmark as Neovim holds it: {row, col, drawn (virt_text + virt_lines), marks}.
+local function drawn(bufnr)
+  bufnr = bufnr == 0 and vim.api.nvim_get_current_buf() or bufnr
   local marks = vim.api.nvim_buf_get_extmarks(bufnr, ghost.namespace, 0, -1, { details = true })
   if #marks == 0 then
     return vim.NIL
@@ -71,27 +73,44 @@ local function shown(bufnr)
     end
     parts[#parts + 1] = '\n' .. table.concat(chunks)
   end
-  return { row = marks[1][2], col = marks[1][3], text = table.concat(parts), marks = #marks }
+  return { row = marks[1][2], col = marks[1][3], drawn = table.concat(parts), marks = #marks }
 end
-probe.shown = shown
+probe.drawn = drawn
 
-local function record(op, bufnr)
+-- How Neovim stores virtual text: control characters as ^X (as strtrans()), tabs kept.
+function probe.display(text)
+  local lines = {}
+  for _, line in ipairs(vim.split(text, '\n', { plain = true })) do
+    local parts = vim.split(line, '\t', { plain = true })
+    for i, part in ipairs(parts) do
+      parts[i] = vim.fn.strtrans(part)
+    end
+    lines[#lines + 1] = table.concat(parts, '\t')
+  end
+  return table.concat(lines, '\n')
+end
+
+local function record(op, bufnr, text)
   local cur = vim.api.nvim_win_get_cursor(0)
   probe.renders[#probe.renders + 1] = {
     op = op,
+    text = text or vim.NIL,
     tick = vim.api.nvim_buf_get_changedtick(bufnr),
     version = vim.lsp.util.buf_versions[bufnr],
     cursor = { cur[1] - 1, cur[2] },
-    ghost = shown(bufnr),
+    ghost = drawn(bufnr),
+    expected = text and probe.display(text) or vim.NIL,
     requests = #probe.requests,
   }
 end
-for _, op in ipairs({ 'show', 'clear' }) do
-  local orig = ghost[op]
-  ghost[op] = function(bufnr, ...)
-    orig(bufnr, ...)
-    record(op, bufnr)
-  end
+local show, clear = ghost.show, ghost.clear
+ghost.show = function(bufnr, row, col, text)
+  show(bufnr, row, col, text)
+  record('show', bufnr, text)
+end
+ghost.clear = function(bufnr)
+  clear(bufnr)
+  record('clear', bufnr)
 end
 
 function probe.install(client)
@@ -189,8 +208,33 @@ class Editor:
         return self.lua("return vim.lsp.util.buf_versions[vim.api.nvim_get_current_buf()]")
 
     def ghost(self) -> dict | None:
-        """The ghost text drawn in the current buffer: {row, col, text, marks} or None."""
-        return self.lua("return _probe.shown(vim.api.nvim_get_current_buf())")
+        """The suggestion shown at the cursor, {row, col, text, marks} or None, after checking that the
+        extmark draws exactly the plugin's text there (`marks`: how many extmarks, 1 expected)."""
+        mark, shown = self.lua(
+            "return { _probe.drawn(0), require('lsp_dscoder').get_suggestion() or vim.NIL }"
+        )
+        if mark is None:
+            assert shown is None, shown
+            return None
+        assert shown is not None, mark
+        assert (mark["row"], mark["col"]) == (shown["row"], shown["col"])
+        assert mark["drawn"] == self.display(shown["text"])
+        return {"row": shown["row"], "col": shown["col"], "text": shown["text"], "marks": mark["marks"]}
+
+    def renders(self, start: int = 0) -> list[dict]:
+        """The ghost module's calls since `start`: {op, text, tick, version, cursor, ghost}; each checked
+        to have drawn exactly its text."""
+        out = self.lua("return vim.list_slice(_probe.renders, ... + 1)", start)
+        for r in out:
+            if r["op"] == "show":
+                assert r["ghost"]["drawn"] == r["expected"], r
+            else:
+                assert r["ghost"] is None, r
+        return out
+
+    def display(self, text: str) -> str:
+        """`text` as the ghost text's extmark holds it (control characters shown as ^X)."""
+        return self.lua("return _probe.display(...)", text)
 
     def suggestion(self) -> dict | None:
         return self.lua("return require('lsp_dscoder').get_suggestion()")
@@ -226,7 +270,9 @@ class Editor:
                 done = done or n.done
               end
             end
-            if out.response == nil or not done then return vim.NIL end
+            -- A request answered with nothing (or an error) may get no partial at all.
+            local r = out.response
+            if r == nil or not (done or r.result == vim.NIL or r.err ~= vim.NIL) then return vim.NIL end
             return out
             """,
             self._requests_before_keys,
@@ -234,7 +280,11 @@ class Editor:
         return latest
 
     def wait_settled(self) -> dict:
-        return self.wait_for(self.settled, "the latest request to finish")
+        try:
+            return self.wait_for(self.settled, "the latest request to finish")
+        except AssertionError as exc:
+            state = self.lua("return vim.inspect({_probe.requests, _probe.responses})")
+            raise AssertionError(f"{exc}\n{state}") from None
 
 
 @pytest.fixture(scope="session")
@@ -273,7 +323,17 @@ def editor(nvim_exe: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
         """
     )
     ed.open(["# warm-up"], 0, 0)
-    ed.wait_for(lambda: ed.lua("return require('lsp_dscoder').status_info().state") == "idle", "server ready")
+    # Ready once the model's load progress has begun and ended (requests before that get nothing).
+    ed.wait_for(
+        lambda: ed.lua(
+            """
+            local seen = false
+            for _, s in ipairs(_probe.statuses) do seen = seen or s:find('^dscoder: loading') ~= nil end
+            return seen and require('lsp_dscoder').status_info().state == 'idle'
+            """
+        ),
+        "the server to load the model",
+    )
     try:
         yield ed
     finally:

@@ -63,10 +63,6 @@ def final_text(entry: dict) -> str:
     return entry["partials"][-1]["text"]
 
 
-def renders_since(ed: Editor, start: int) -> list[dict]:
-    return ed.probe("renders")[start:]
-
-
 def start_suggestion(ed: Editor, lines: list[str] = SOURCE) -> dict:
     """Open `lines`, append at the end of the last line, and wait for the suggestion to settle."""
     row = len(lines) - 1
@@ -85,7 +81,7 @@ def start_suggestion(ed: Editor, lines: list[str] = SOURCE) -> dict:
 
 def assert_only_current_rendered(ed: Editor) -> None:
     """Every partial that changed the ghost text belonged to the buffer's version and cursor of then."""
-    renders = ed.probe("renders")
+    renders = ed.renders()
     for p in ed.probe("partials"):
         if p["after"] > p["before"]:
             r = renders[p["after"] - 1]
@@ -95,14 +91,18 @@ def assert_only_current_rendered(ed: Editor) -> None:
 
 def test_ghost_text_grows_with_the_partials(editor: Editor) -> None:
     entry = start_suggestion(editor)
-    renders = editor.probe("renders")
+    renders = editor.renders()
     shown = []
     for p in entry["partials"]:
         assert p["version"] == entry["version"]
         assert p["position"] == entry["position"]
         if p["after"] > p["before"]:
-            shown.append(renders[p["after"] - 1]["ghost"]["text"])
-            assert shown[-1] == p["text"]
+            r = renders[p["after"] - 1]
+            if p["text"]:
+                assert r["op"] == "show" and r["text"] == p["text"]
+                shown.append(r["text"])
+            else:
+                assert r["op"] == "clear"
     assert len(set(shown)) >= 2, f"expected the ghost text to grow over several partials: {shown}"
     for a, b in itertools.pairwise(shown):
         assert b.startswith(a)
@@ -117,12 +117,12 @@ def test_ghost_text_grows_with_the_partials(editor: Editor) -> None:
 def test_typing_a_continuing_character_keeps_the_ghost_text(editor: Editor) -> None:
     text = final_text(start_suggestion(editor))
     assert typeable(text[0]), f"first character {text[0]!r} cannot be typed; pick another SOURCE"
-    start = len(editor.probe("renders"))
+    start = len(editor.renders())
     tick = editor.tick()
     editor.type(keys(text[0]))
-    first = editor.wait_for(lambda: renders_since(editor, start), "a render after the keystroke")[0]
+    first = editor.wait_for(lambda: editor.renders(start), "a render after the keystroke")[0]
     assert first["op"] == "show" and first["tick"] > tick
-    assert first["ghost"]["text"] == text[1:]
+    assert first["text"] == text[1:]
     row = len(SOURCE) - 1
     assert editor.lines() == [*SOURCE[:-1], SOURCE[-1] + text[0]]
     entry = editor.wait_settled()
@@ -138,9 +138,9 @@ def test_typing_a_continuing_character_keeps_the_ghost_text(editor: Editor) -> N
 def test_a_diverging_character_clears_it_and_a_new_suggestion_follows(editor: Editor) -> None:
     text = final_text(start_suggestion(editor))
     typed = "Q" if text[0] != "Q" else "Z"
-    start = len(editor.probe("renders"))
+    start = len(editor.renders())
     editor.type(typed)
-    first = editor.wait_for(lambda: renders_since(editor, start), "a render after the keystroke")[0]
+    first = editor.wait_for(lambda: editor.renders(start), "a render after the keystroke")[0]
     assert first["op"] == "clear" and first["ghost"] is None
     expected = [*SOURCE[:-1], SOURCE[-1] + typed]
     assert editor.lines() == expected
@@ -173,15 +173,15 @@ def test_accept_word_then_line(editor: Editor) -> None:
     text = final_text(start_suggestion(editor))
     row, col = editor.cursor()
     word = next_word(text)
-    start = len(editor.probe("renders"))
+    start = len(editor.renders())
     editor.type("<C-Right>")
     want_lines, want_cursor = inserted(SOURCE, row, col, word)
     assert editor.lines() == want_lines
     assert editor.cursor() == want_cursor
     rest = text[len(word) :]
-    first = editor.wait_for(lambda: renders_since(editor, start), "a render after accepting a word")[0]
+    first = editor.wait_for(lambda: editor.renders(start), "a render after accepting a word")[0]
     if rest:
-        assert first["op"] == "show" and first["ghost"]["text"] == rest
+        assert first["op"] == "show" and first["text"] == rest
         assert (first["ghost"]["row"], first["ghost"]["col"]) == want_cursor
     else:
         assert first["op"] == "clear"
