@@ -50,7 +50,9 @@ def _extend_kernel(
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    row_block = tl.program_id(0)
+    # Last row blocks first: under the causal mask they see the most keys, and starting the longest
+    # programs first keeps the tail of a prefill launch short.
+    row_block = tl.num_programs(0) - 1 - tl.program_id(0)
     kv_head = tl.program_id(1)
     split_id = tl.program_id(2)
     start = tl.load(start_ptr).to(tl.int32)

@@ -20,7 +20,7 @@ LOG2E = 1.4426950408889634
 # Partial rows of one (token, head) sit in one combine program's registers.
 MAX_SPLITS = 64
 # Initial running max: finite, so a row whose keys are all masked gets exp2(-inf - m) = 0, not NaN.
-NEG_BIG = -1.0e30
+NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit

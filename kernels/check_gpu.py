@@ -1,0 +1,312 @@
+"""Check every kernel against its reference at DeepSeek-Coder shapes on a CUDA GPU and time it against its
+floor (bytes over the measured copy bandwidth, FLOPs over the measured bf16 matmul rate).
+
+    python -m lsp_dscoder.kernels.check_gpu --out DIR          # GPU: table on stdout, full log in DIR
+    TRITON_INTERPRET=1 python -m lsp_dscoder.kernels.check_gpu --tiny   # CPU: exercises this script
+
+Timing: each case builds several independent buffer sets (together a few times the L2 cache, as a model's
+layers are), captures one launch per set in a CUDA graph, and reports the median replay time per launch:
+no Python launch overhead and no L2 reuse, as in the engine's captured decode step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+
+from . import decode_attention as da
+from . import extend_attention as ea
+from .rms_norm import rms_norm, rms_norm_ref
+from .rope_store import rope_cos_sin, rope_store, rope_store_ref
+from .silu_mul import silu_mul, silu_mul_ref
+
+Call = Callable[[], object]
+# make() -> (launch, verify): verify compares what the first launch wrote with the reference.
+Make = Callable[[], tuple[Call, Callable[[], float]]]
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    hidden: int
+    heads: int
+    kv_heads: int
+    inter: int
+    head_dim: int = 128
+
+
+MODELS = (Model("1.3B", 2048, 16, 16, 5504), Model("6.7B", 4096, 32, 32, 11008),
+          Model("33B", 7168, 56, 8, 19200))
+TINY = (Model("tiny", 64, 4, 2, 40, 16),)
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.double(), want.double()
+    if not torch.isfinite(got).all():
+        return math.inf
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def randn(*shape: int, dev: torch.device) -> torch.Tensor:
+    return torch.randn(*shape, device=dev).to(torch.bfloat16)
+
+
+def kv_cache(m: Model, max_ctx: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return randn(m.kv_heads, max_ctx, m.head_dim, dev=dev), randn(m.kv_heads, max_ctx, m.head_dim, dev=dev)
+
+
+def rms_case(m: Model, n_tok: int, dev: torch.device) -> Make:
+    def make() -> tuple[Call, Callable[[], float]]:
+        x, res, w = randn(n_tok, m.hidden, dev=dev), randn(n_tok, m.hidden, dev=dev), randn(m.hidden, dev=dev)
+        x0, res0, out = x.clone(), res.clone(), torch.empty_like(x)
+        return (lambda: rms_norm(x, w, 1e-6, residual=res, out=out),
+                lambda: max(rel_err(out, rms_norm_ref(x0, w, 1e-6, residual=res0)), rel_err(res, res0)))
+    return make
+
+
+def silu_case(m: Model, n_tok: int, dev: torch.device) -> Make:
+    def make() -> tuple[Call, Callable[[], float]]:
+        gate_up = randn(n_tok, 2 * m.inter, dev=dev)
+        out = torch.empty(n_tok, m.inter, device=dev, dtype=torch.bfloat16)
+        return lambda: silu_mul(gate_up, out=out), lambda: rel_err(out, silu_mul_ref(gate_up))
+    return make
+
+
+def rope_case(m: Model, n_tok: int, start: int, max_ctx: int, dev: torch.device) -> Make:
+    def make() -> tuple[Call, Callable[[], float]]:
+        cos_sin = rope_cos_sin(max_ctx, m.head_dim, 100000.0, 4.0, dev)
+        qkv = randn(n_tok, (m.heads + 2 * m.kv_heads) * m.head_dim, dev=dev)
+        k, v = kv_cache(m, max_ctx, dev)
+        k0, v0, pos = k.clone(), v.clone(), torch.tensor([start], device=dev)
+        out = torch.empty(n_tok, m.heads, m.head_dim, device=dev, dtype=torch.bfloat16)
+
+        def verify() -> float:
+            q_ref = rope_store_ref(qkv, cos_sin, pos, k0, v0, m.heads, m.kv_heads)
+            return max(rel_err(out, q_ref), rel_err(k, k0), rel_err(v, v0))
+        return lambda: rope_store(qkv, cos_sin, pos, k, v, m.heads, m.kv_heads, out=out), verify
+    return make
+
+
+def attn_case(m: Model, n_tok: int, prefix: int, max_ctx: int, dev: torch.device, decode: bool,
+              splits: int | None = None) -> Make:
+    def make() -> tuple[Call, Callable[[], float]]:
+        q = randn(n_tok, m.heads, m.head_dim, dev=dev)
+        k, v = kv_cache(m, max_ctx, dev)
+        pos = torch.tensor([prefix + n_tok if decode else prefix], device=dev)
+        out, scale = torch.empty_like(q), m.head_dim**-0.5
+        if decode:
+            return (lambda: da.decode_attention(q, k, v, pos, scale, out=out, num_splits=splits),
+                    lambda: rel_err(out, da.decode_attention_ref(q, k, v, pos, scale)))
+        return (lambda: ea.extend_attention(q, k, v, pos, scale, out=out, num_splits=splits),
+                lambda: rel_err(out, ea.extend_attention_ref(q, k, v, pos, scale)))
+    return make
+
+
+def attn_cost(m: Model, n_tok: int, prefix: int) -> tuple[float, float]:
+    kv_len = prefix + n_tok
+    io = 2 * n_tok * m.heads * m.head_dim * 2 + 2 * m.kv_heads * kv_len * m.head_dim * 2
+    visible = n_tok * prefix + n_tok * (n_tok + 1) / 2  # causal (query, key) pairs
+    return io, 4 * m.heads * m.head_dim * visible
+
+
+def time_us(make: Make, set_bytes: float, dev: torch.device) -> tuple[float, float]:
+    """(median microseconds per launch, reference error of the first launch)."""
+    launch, verify = make()
+    launch()
+    err = verify()
+    if dev.type != "cuda":
+        t0 = time.perf_counter()
+        launch()
+        return (time.perf_counter() - t0) * 1e6, err
+    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 60 << 20)
+    launches = [launch] + [make()[0] for _ in range(max(1, min(15, math.ceil(3 * l2 / set_bytes) - 1)))]
+    for f in launches:
+        f()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f in launches:
+            f()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(40):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(launches))
+        if sum(times) > 3e5:  # 0.3 s of replays is plenty
+            break
+    return statistics.median(times[1:] or times), err
+
+
+def median_ms(fn: Call, reps: int = 10) -> float:
+    """Median of device-event timings after warm-up (for the large, single-launch floor measurements)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def measure_floors(dev: torch.device) -> tuple[float, float]:
+    """(copy bytes/s counting read + write, bf16 matmul FLOP/s), both on random data."""
+    if dev.type != "cuda":
+        return 1e11, 1e12
+    a = torch.randn(2**28, device=dev)  # 1 GiB
+    b = torch.empty_like(a)
+    bw = 2 * a.numel() * 4 / (median_ms(lambda: b.copy_(a)) * 1e-3)
+    x, y = randn(8192, 8192, dev=dev), randn(8192, 8192, dev=dev)
+    rate = 2 * 8192**3 / (median_ms(lambda: x @ y) * 1e-3)
+    return bw, rate
+
+
+def graph_replay_checks(m: Model, max_ctx: int, dev: torch.device, log: Callable[[str], None]) -> float:
+    """Capture at one position, replay at another: the kernels must read positions on the device.
+    Returns the worst relative error."""
+    q1 = randn(1, m.heads, m.head_dim, dev=dev)
+    q4 = randn(4, m.heads, m.head_dim, dev=dev)
+    k, v = kv_cache(m, max_ctx, dev)
+    pos = torch.tensor([7], device=dev)
+    scale = m.head_dim**-0.5
+    worst = 0.0
+    calls = {"decode": lambda: da.decode_attention(q1, k, v, pos, scale),
+             "extend": lambda: ea.extend_attention(q4, k, v, pos, scale)}
+    for name, call in calls.items():
+        call()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = call()
+            pos.fill_(max_ctx - 5)
+            graph.replay()
+        else:  # the interpreter has no graphs: a second call at the new position checks the rest
+            pos.fill_(max_ctx - 5)
+            out = call()
+        ref = (da.decode_attention_ref(q1, k, v, pos, scale) if name == "decode"
+               else ea.extend_attention_ref(q4, k, v, pos, scale))
+        err = rel_err(out, ref)
+        worst = max(worst, err)
+        log(f"graph replay {name:7s} {m.name}: captured at 7, replayed at {max_ctx - 5}: rel err {err:.2e}")
+        pos.fill_(7)
+    return worst
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU interpreter)")
+    parser.add_argument("--budget-s", type=float, default=230.0, help="skip the tuning sweeps past this")
+    args = parser.parse_args()
+    t_begin = time.time()
+    dev = torch.device("cpu" if args.tiny else "cuda")
+    models = TINY if args.tiny else MODELS
+    if args.tiny:
+        tokens, prefixes, max_ctx = (1, 3, 17), (0, 37), 64
+    else:
+        tokens, prefixes, max_ctx = (1, 4, 256, 4096), (0, 4096), 8192
+    lines: list[str] = []
+    log_file = (args.out / "gpu_check.log").open("w") if args.out else None
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+        if log_file:
+            log_file.write(line + "\n")
+            log_file.flush()
+
+    if dev.type == "cuda":
+        p = torch.cuda.get_device_properties(dev)
+        log(f"{p.name}, {p.multi_processor_count} SMs, L2 {getattr(p, 'L2_cache_size', 0) >> 20} MiB, "
+            f"torch {torch.__version__}, triton {triton.__version__}")
+    bw, rate = measure_floors(dev)
+    log(f"floors: copy {bw / 1e12:.2f} TB/s (read+write), bf16 matmul {rate / 1e12:.0f} TFLOP/s")
+    header = ("op", "model", "shape", "us", "floor", "x", "bound", "rel err")
+    log("{:8s} {:5s} {:22s} {:>9s} {:>8s} {:>5s} {:5s} {:>8s}".format(*header))
+    failures = 0
+
+    def run(op: str, m: Model, shape: str, make: Make, io: float, flops: float) -> None:
+        nonlocal failures
+        try:
+            us, err = time_us(make, io, dev)
+        except Exception as exc:  # one failing case must not cost the rest of the run
+            failures += 1
+            log(f"{op:8s} {m.name:5s} {shape:22s} FAILED {type(exc).__name__}: {str(exc)[:300]}")
+            return
+        floor_io, floor_fl = io / bw * 1e6, flops / rate * 1e6
+        floor = max(floor_io, floor_fl)
+        ok = err < 1e-2
+        failures += not ok
+        log(f"{op:8s} {m.name:5s} {shape:22s} {us:9.1f} {floor:8.1f} {us / floor:5.1f} "
+            f"{'mem' if floor_io >= floor_fl else 'math':5s} {err:8.1e}{'' if ok else '  WRONG'}")
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+
+    for m in models:
+        qkv_w = (m.heads + 2 * m.kv_heads) * m.head_dim
+        for t in tokens:
+            run("rmsnorm", m, f"T={t}", rms_case(m, t, dev), 2 * t * m.hidden * 4 + 2 * m.hidden, 0.0)
+            run("silu", m, f"T={t}", silu_case(m, t, dev), 2 * t * m.inter * 3, 0.0)
+            start = min(prefixes[-1], max_ctx - t)
+            run("rope", m, f"T={t} start={start}", rope_case(m, t, start, max_ctx, dev),
+                2 * t * qkv_w * 2 + t * m.head_dim * 4, 0.0)
+            for prefix in prefixes:
+                if prefix + t <= max_ctx:
+                    run("extend", m, f"T={t} prefix={prefix}", attn_case(m, t, prefix, max_ctx, dev, False),
+                        *attn_cost(m, t, prefix))
+        for kv_len in (max_ctx // 16, max_ctx // 2, max_ctx):
+            run("decode", m, f"L={kv_len}", attn_case(m, 1, kv_len - 1, max_ctx, dev, True),
+                *attn_cost(m, 1, kv_len - 1))
+    for m in models:
+        try:
+            failures += graph_replay_checks(m, max_ctx, dev, log) >= 1e-2
+        except Exception as exc:  # logged; the sweeps below still run
+            failures += 1
+            log(f"graph replay {m.name} FAILED {type(exc).__name__}: {str(exc)[:300]}")
+
+    # Tuning sweeps: other tiles for prefill, other split counts for short queries, while time lasts.
+    m67, m33 = models[min(1, len(models) - 1)], models[-1]
+    big_t, prefix = tokens[-1], prefixes[-1]
+    sweeps: list[tuple[str, Model, str, Make, tuple[float, float], tuple[int, ...] | None]] = []
+    for tiles in ((128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4)):
+        for m, t, p in ((m67, big_t, 0), (m33, big_t, prefix)):
+            sweeps.append(("extend*", m, f"T={t} p={p} {tiles}", attn_case(m, t, p, max_ctx, dev, False),
+                           attn_cost(m, t, p), tiles))
+    for splits in (2, 4) if args.tiny else (4, 8, 16, 32):
+        for m, t, decode in ((m67, 4, False), (m67, 1, True), (m33, 1, True)):
+            sweeps.append((("decode*" if decode else "extend*"), m, f"T={t} p={prefix} S={splits}",
+                           attn_case(m, t, prefix - (1 if decode else 0), max_ctx, dev, decode, splits),
+                           attn_cost(m, t, prefix), None))
+    default_tiles = ea.tiles_for
+    for op, m, shape, make, cost, tiles in sweeps:
+        if dev.type == "cuda" and time.time() - t_begin > args.budget_s:
+            log(f"sweep stopped at {time.time() - t_begin:.0f} s (budget {args.budget_s:.0f} s)")
+            break
+        if tiles is not None and not args.tiny:  # the interpreter keeps its own small tiles
+            ea.tiles_for = lambda rows, tiles=tiles: ea.Tiles(*tiles) if rows > 64 else default_tiles(rows)
+        run(op, m, shape, make, *cost)
+        ea.tiles_for = default_tiles
+    log(f"done in {time.time() - t_begin:.0f} s, {failures} failing case(s)")
+    if log_file:
+        log_file.close()
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
