@@ -1,0 +1,308 @@
+"""Train the bundled model: a small LlamaForCausalLM in DeepSeek-Coder's checkpoint format.
+
+Trains from scratch for a wall-clock budget (the cosine schedule's length is fixed once the step time is
+measured), with AdamW, fp32 master weights under bf16 autocast, SDPA attention and document-level FIM
+(PSM, rate 0.5) applied afresh each epoch by a background thread. Then measures held-out loss, and saves
+bf16 safetensors shards, a DeepSeek-Coder-style config.json and train_log.json to --out. Seeded.
+
+    # end-to-end check on CPU with a tiny model (seconds):
+    python -m lsp_dscoder.training.train --shape tiny --device cpu --seq-len 128 --batch-size 2 \\
+        --max-steps 4 --no-compile --out /tmp/tiny-run
+    # the bundled model, on one H200 (data carried in .train_data):
+    python -m lsp_dscoder.training.train --budget-s 470 --out "$OUT"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import queue
+import random
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lsp_dscoder.training.checkpoint import (
+    SHAPES,
+    RopeSettings,
+    llama_config,
+    reload_check,
+    round_to_bf16,
+    save,
+)
+from lsp_dscoder.training.corpus import read_docs
+from lsp_dscoder.training.fim import SpecialIds, encode_documents, pack
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seq_len: int = 2048
+    batch_size: int = 64  # sequences per step
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 200
+    weight_decay: float = 0.1
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    budget_s: float = 470.0  # from process start to the end of training
+    max_steps: int | None = None
+    fim_rate: float = 0.5
+    seed: int = 0
+    compile: bool = True
+    rope: RopeSettings = field(default_factory=RopeSettings)
+    log_every: int = 50
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "batch_size", "warmup_steps", "log_every"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.fim_rate <= 1:
+            raise ValueError(f"fim_rate must be in [0, 1], got {self.fim_rate}")
+        if self.seq_len > self.rope.max_position_embeddings:
+            raise ValueError(f"seq_len {self.seq_len} exceeds max_position_embeddings")
+
+
+class Batches:
+    """A background thread that FIM-transforms, tokenises and packs epoch after epoch into a queue."""
+
+    def __init__(self, tok, texts: list[str], ids: SpecialIds, cfg: TrainConfig, pin: bool) -> None:
+        self.tok, self.texts, self.ids, self.cfg, self.pin = tok, texts, ids, cfg, pin
+        self.queue: queue.Queue = queue.Queue(maxsize=16)
+        self.stop = threading.Event()
+        self.epoch_tokens: list[int] = []  # tokens in each completed epoch's stream
+        self.thread = threading.Thread(target=self._run, name="batches", daemon=True)
+        self.thread.start()
+
+    def _docs(self, epoch: int):
+        rng = random.Random(self.cfg.seed * 1_000_003 + epoch)
+        order = list(range(len(self.texts)))
+        rng.shuffle(order)
+        for start in range(0, len(order), 256):
+            chunk = [self.texts[i] for i in order[start : start + 256]]
+            docs = encode_documents(self.tok, chunk, self.ids, rng, self.cfg.fim_rate)
+            self._tokens += sum(map(len, docs))
+            yield from docs
+
+    def _put(self, item: torch.Tensor) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        epoch = 0
+        while not self.stop.is_set():
+            self._tokens, rows = 0, []
+            for window in pack(self._docs(epoch), self.cfg.seq_len):
+                rows.append(window)
+                if len(rows) == self.cfg.batch_size:
+                    batch = torch.from_numpy(np.stack(rows).astype(np.int64))  # (B, T)
+                    if not self._put((epoch, batch.pin_memory() if self.pin else batch)):
+                        return
+                    rows = []
+            self.epoch_tokens.append(self._tokens)
+            epoch += 1
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+def lr_at(step: int, total_steps: int | None, cfg: TrainConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if total_steps is None:
+        return cfg.lr
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]  # RMSNorm weights
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.beta2), fused=device.type == "cuda")
+
+
+def autocast(device: torch.device):
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def forward_backward(model, x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    with autocast(device):
+        loss = model(input_ids=x, labels=x).loss
+    loss.backward()
+    return loss
+
+
+@torch.no_grad()
+def heldout_loss(
+    model, tok, texts: list[str], ids: SpecialIds, cfg: TrainConfig, device, fim_rate: float
+) -> dict:
+    """Mean next-token loss over the held-out files packed into seq_len windows (seeded FIM draw)."""
+    docs = encode_documents(tok, texts, ids, random.Random(cfg.seed + 7), fim_rate)
+    windows = list(pack(docs, cfg.seq_len))
+    total, count = 0.0, 0
+    for start in range(0, len(windows), cfg.batch_size):
+        x = torch.from_numpy(np.stack(windows[start : start + cfg.batch_size]).astype(np.int64)).to(device)
+        with autocast(device):
+            loss = model(input_ids=x, labels=x).loss
+        n = x.numel() - x.shape[0]  # predicted positions
+        total, count = total + loss.item() * n, count + n
+    chars = sum(map(len, texts))
+    tokens = sum(map(len, docs))
+    mean = total / count
+    return {
+        "loss": mean,
+        "ppl": math.exp(mean),
+        "tokens": count,
+        "bits_per_char": mean * tokens / chars / math.log(2),
+    }
+
+
+def train(args: argparse.Namespace, cfg: TrainConfig, start: float) -> dict:
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    device = torch.device(args.device)
+    torch.manual_seed(cfg.seed)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    tok = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
+    ids = SpecialIds.from_tokenizer(tok)
+    texts = [d["text"] for d in read_docs(args.data / "train.jsonl.xz")]
+    heldout = [d["text"] for d in read_docs(args.data / "heldout.jsonl.xz")][: args.heldout_limit]
+    config = llama_config(SHAPES[args.shape], tok.get_vocab_size(), ids, cfg.rope)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device)
+    model.config.use_cache = False
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {n_params / 1e6:.2f}M parameters, {args.shape} {SHAPES[args.shape]}", flush=True)
+    step_model = torch.compile(model) if cfg.compile else model
+    opt = optimizer(model, cfg, device)
+    batches = Batches(tok, texts, ids, cfg, pin=device.type == "cuda")
+    history, step, total_steps, tokens, timed_from, data_wait_s = [], 0, cfg.max_steps, 0, None, 0.0
+    running = torch.zeros((), device=device)
+    print(f"setup done at {time.time() - start:.1f}s", flush=True)
+    while True:
+        elapsed = time.time() - start
+        if (total_steps is not None and step >= total_steps) or elapsed > cfg.budget_s:
+            break
+        waited = time.time()
+        epoch, x = batches.queue.get()
+        data_wait_s += time.time() - waited
+        x = x.to(device, non_blocking=True)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, total_steps, cfg)
+        try:
+            loss = forward_backward(step_model, x, device)
+        except Exception as exc:  # a compiler failure must not cost the run: continue uncompiled
+            if step_model is model:
+                raise
+            print(f"torch.compile failed ({type(exc).__name__}: {exc}); continuing eagerly", flush=True)
+            step_model = model
+            opt.zero_grad(set_to_none=True)
+            loss = forward_backward(step_model, x, device)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        running += loss.detach()
+        step, tokens = step + 1, tokens + x.numel()
+        if step == 10:  # compilation and warm-up are behind us: time the steady state from here
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            timed_from = (time.time(), step)
+        if step == 40 and timed_from is not None and cfg.max_steps is None:
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            step_s = (time.time() - timed_from[0]) / (step - timed_from[1])
+            total_steps = step + int((cfg.budget_s - (time.time() - start)) / step_s)
+            print(f"{step_s * 1e3:.1f} ms/step: schedule set to {total_steps} steps", flush=True)
+        if step % cfg.log_every == 0 or step == total_steps:
+            mean = running.item() / (cfg.log_every if step % cfg.log_every == 0 else step % cfg.log_every)
+            running.zero_()
+            rate = tokens / (time.time() - start)
+            history.append(
+                {
+                    "step": step,
+                    "loss": mean,
+                    "lr": lr_at(step - 1, total_steps, cfg),
+                    "epoch": epoch,
+                    "elapsed_s": time.time() - start,
+                    "data_wait_s": data_wait_s,
+                }
+            )
+            print(
+                f"step {step} loss {mean:.4f} epoch {epoch} lr {history[-1]['lr']:.2e} "
+                f"{rate / 1e3:.0f}k tok/s (overall) {time.time() - start:.0f}s, data wait {data_wait_s:.1f}s",
+                flush=True,
+            )
+    batches.close()
+    train_s = time.time() - start
+    model.eval()
+    round_to_bf16(model)
+    results = {
+        "heldout_plain": heldout_loss(model, tok, heldout, ids, cfg, device, fim_rate=0.0),
+        "heldout_fim": heldout_loss(model, tok, heldout, ids, cfg, device, fim_rate=1.0),
+    }
+    save(model, config, args.out, args.max_shard_size)
+    results["reload_max_abs_diff"] = reload_check(model, args.out)
+    return {
+        "parameters": n_params,
+        "shape": asdict(SHAPES[args.shape]),
+        "train_config": asdict(cfg),
+        "steps": step,
+        "tokens": tokens,
+        "train_s": train_s,
+        "data_wait_s": data_wait_s,
+        "compiled": step_model is not model,
+        "epoch_tokens": batches.epoch_tokens,
+        "train_files": len(texts),
+        "heldout_files": len(heldout),
+        "history": history,
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        **results,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    start = time.time()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", type=Path, default=Path(".train_data"))
+    parser.add_argument("--tokenizer", type=Path, default=Path("lsp_dscoder/bundled"))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="bundled")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--max-shard-size", default="14MB")
+    tunable = ("seq_len", "batch_size", "budget_s", "lr", "warmup_steps", "seed", "max_steps", "log_every")
+    defaults = TrainConfig()
+    for name in tunable:
+        kind = type(getattr(defaults, name)) if getattr(defaults, name) is not None else int
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(defaults, name))
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument(
+        "--heldout-limit", type=int, default=None, help="evaluate on the first N held-out files"
+    )
+    args = parser.parse_args(argv)
+    cfg = TrainConfig(compile=not args.no_compile, **{name: getattr(args, name) for name in tunable})
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = train(args, cfg, start)
+    log["total_s"] = time.time() - start
+    (args.out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    keys = ("steps", "tokens", "train_s", "heldout_plain", "heldout_fim", "reload_max_abs_diff")
+    print(json.dumps({k: log[k] for k in keys}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
