@@ -177,7 +177,9 @@ def extend_attention(
         n_tok, max_ctx, splits, sm_scale * LOG2E,
         H=n_heads, G=group, D=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SPLIT=splits > 1,
         UPCAST=dot_operands_fp32(q.dtype), PRECISION=dot_precision(q.dtype),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        num_warps=tiles.num_warps,
+        # fp32 tiles are twice the bytes: two stages keep a 128-row tile well inside 227 KB of shared memory.
+        num_stages=min(tiles.num_stages, 2) if q.dtype == torch.float32 else tiles.num_stages,
     )
     if splits > 1:
         combine_splits(part_o, part_lse, out.view(rows, head_dim), start, n_tok, max_ctx,
