@@ -11,6 +11,7 @@ import os
 from typing import Any
 from urllib.parse import unquote
 
+from cattrs import ClassValidationError, transform_error
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
@@ -46,8 +47,9 @@ class DscoderProtocol(LanguageServerProtocol):
         except JsonRpcException as exc:
             if "id" not in data or "method" not in data:
                 raise
-            cause = exc.__cause__ or exc
-            message = f"invalid params for {data['method']}: {str(cause).splitlines()[0]}"
+            cause = exc.__cause__
+            detail = "; ".join(transform_error(cause)) if isinstance(cause, ClassValidationError) else exc
+            message = f"invalid params for {data['method']}: {detail}"
             log.warning("request %s: %s", data["id"], message)
             self._send_response(data["id"], error=JsonRpcInvalidParams(message).to_response_error())
             return _Answered()

@@ -156,7 +156,7 @@ class Generation:
     def _update(self, sub: Subscriber) -> None:
         text = self.shaper.text[sub.skip :]
         done = self.shaper.done
-        if text != sub.sent or done:
+        if text != (sub.sent or "") or done:  # nothing to show yet: no partial
             sub.sent = text
             sub.send_partial(text, done)
             sub.record.partial_sent()

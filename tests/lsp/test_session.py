@@ -85,13 +85,7 @@ async def test_first_line_answers_early_and_partials_continue_to_the_end():
     await settle()
     assert handle.cancelled and gen.finished and done
     assert partials[-1] == ("return x\n    y = 1", True)
-    assert [p[0] for p in partials] == [
-        "",
-        "return",
-        "return x",
-        "return x\n    y = 1",
-        "return x\n    y = 1",
-    ]
+    assert [p[0] for p in partials] == ["return", "return x", "return x\n    y = 1", "return x\n    y = 1"]
 
 
 async def test_full_mode_answers_at_the_end():
