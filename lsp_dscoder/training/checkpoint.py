@@ -102,11 +102,34 @@ def round_to_bf16(model: torch.nn.Module) -> None:
         p.copy_(p.to(torch.bfloat16).float())
 
 
-def save(model, config, folder: Path, max_shard_size: str) -> None:
-    """bf16 safetensors shards + index, generation_config.json and a DeepSeek-style config.json."""
-    state = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
-    model.save_pretrained(folder, state_dict=state, max_shard_size=max_shard_size, safe_serialization=True)
+def save(model, config, folder: Path, max_shard_bytes: int) -> None:
+    """bf16 safetensors shards + index (the Hugging Face layout), config.json and generation_config.json.
+
+    Written with safetensors directly so that the layout does not depend on the transformers version.
+    """
+    from safetensors.torch import save_file
+
+    state = {k: v.detach().to(torch.bfloat16).cpu().contiguous() for k, v in model.state_dict().items()}
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        filename = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(folder / filename), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, filename))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     (folder / "config.json").write_text(json.dumps(deepseek_config_json(config), indent=2) + "\n")
+    generation = {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id}
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
 
 @torch.no_grad()

@@ -248,12 +248,12 @@ def train(args: argparse.Namespace, cfg: TrainConfig, start: float) -> dict:
     train_s = time.time() - start
     model.eval()
     round_to_bf16(model)
+    save(model, config, args.out, args.max_shard_mb * 1_000_000)  # first: the weights must come back
     results = {
         "heldout_plain": heldout_loss(model, tok, heldout, ids, cfg, device, fim_rate=0.0),
         "heldout_fim": heldout_loss(model, tok, heldout, ids, cfg, device, fim_rate=1.0),
+        "reload_max_abs_diff": reload_check(model, args.out),
     }
-    save(model, config, args.out, args.max_shard_size)
-    results["reload_max_abs_diff"] = reload_check(model, args.out)
     return {
         "parameters": n_params,
         "shape": asdict(SHAPES[args.shape]),
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="bundled")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--max-shard-size", default="14MB")
+    parser.add_argument("--max-shard-mb", type=float, default=14.0, help="each file comes back <= 16 MiB")
     tunable = ("seq_len", "batch_size", "budget_s", "lr", "warmup_steps", "seed", "max_steps", "log_every")
     defaults = TrainConfig()
     for name in tunable:
