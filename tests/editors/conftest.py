@@ -183,6 +183,16 @@ class Editor:
         self.wait_for(lambda: self.mode() == "n", "Normal mode")
         self.nvim.command(f"edit {path}")
         bufnr = self.nvim.current.buffer.number
+        # Close the other files: the server adds open documents to the prompt, and each test's
+        # suggestion should depend on its own file only.
+        self.lua(
+            """
+            for _, b in ipairs(vim.api.nvim_list_bufs()) do
+              if b ~= ... then vim.api.nvim_buf_delete(b, { force = true }) end
+            end
+            """,
+            bufnr,
+        )
         self.wait_for(
             lambda: self.lua("return #vim.lsp.get_clients({bufnr = ..., name = 'lsp_dscoder'}) > 0", bufnr),
             "the server to attach",
@@ -337,9 +347,8 @@ def editor(nvim_exe: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
     try:
         yield ed
     finally:
-        try:
-            ed.lua("vim.lsp.stop_client(vim.lsp.get_clients({name = 'lsp_dscoder'}), true)")
-            nvim.command("qa!")
-        except (OSError, EOFError, pynvim.NvimError):
-            pass
+        # A graceful shutdown (shutdown/exit), then quit without waiting for an answer.
+        ed.lua("vim.lsp.stop_client(vim.lsp.get_clients({name = 'lsp_dscoder'}))")
+        ed.wait_for(lambda: not ed.lua("return #vim.lsp.get_clients()"), "the server to exit", timeout=10)
+        nvim.command("qa!", async_=True)
         nvim.close()

@@ -40,14 +40,10 @@ end
 --- @return string
 function M.format(info)
   local parts = { 'dscoder: ' .. info.state }
-  if info.progress then
-    local p = info.progress
-    parts[#parts + 1] = table.concat(
-      vim.tbl_filter(function(s)
-        return s ~= ''
-      end, { p.title or '', p.message or '', p.percentage and (p.percentage .. '%') or '' }),
-      ' '
-    )
+  local p = info.progress
+  local what = p and (p.message or p.title)
+  if what then
+    parts[#parts + 1] = what .. (p.percentage and (' ' .. p.percentage .. '%') or '')
   end
   if info.ttft_ms then
     parts[#parts + 1] = ('TTFT %d ms'):format(math.floor(info.ttft_ms + 0.5))
