@@ -1,0 +1,83 @@
+"""Server lifecycle: TCP transport, a model that fails to load and a reload that fixes it, exit codes."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+
+from lsprotocol import types
+from pytest_lsp.client import make_test_lsp_client
+
+from tests.lsp.client import Editor, start
+
+BODY = "def main(args):\n    \n"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def connect(port: int, process: asyncio.subprocess.Process) -> Editor:
+    """Connect once the server listens (a probe connection would be its one client)."""
+    client = make_test_lsp_client()
+    for _ in range(600):
+        try:
+            await client.start_tcp("127.0.0.1", port)
+            break
+        except OSError:
+            assert process.returncode is None, "the server exited before listening"
+            await asyncio.sleep(0.05)
+    editor = Editor(client)
+    caps = types.ClientCapabilities(window=types.WindowClientCapabilities(work_done_progress=True))
+    editor.initialize_result = await client.initialize_session(types.InitializeParams(capabilities=caps))
+    return editor
+
+
+async def test_tcp_serves_one_client_and_exits_after_shutdown(tiny_model):
+    port = free_port()
+    args = ["-m", "lsp_dscoder", "serve", "--tcp", "--port", str(port), "--model", str(tiny_model)]
+    process = await asyncio.create_subprocess_exec(sys.executable, *args, "--max-context", "1024")
+    try:
+        editor = await connect(port, process)
+        await editor.ready()
+        doc = editor.open("file:///work/tcp.py", BODY)
+        request = editor.inline(doc, 1, 4)
+        await request.result()
+        assert (await editor.record(request))["outcome"] in ("ok", "empty")
+        await editor.client.shutdown_async(None)
+        editor.client.exit(None)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+        await editor.client.stop()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_a_model_that_fails_to_load_then_a_reload(tiny_model, tmp_path):
+    editor = await start(tmp_path / "no-such-model", wait=False)
+    reports = await editor.ready()
+    assert reports[-1].message.startswith("failed: ")
+    error = next(m for m in editor.client.messages if m.type == types.MessageType.Error)
+    assert error.message.startswith("dscoder: the model did not load: ")
+    doc = editor.open("file:///work/nomodel.py", BODY)
+    request = editor.inline(doc, 1, 4)
+    assert await request.result() is None
+    assert (await editor.record(request))["outcome"] == "not_ready"
+    assert (await editor.stats())["engineState"] == "failed"
+
+    # Pointing the `model` setting at a real checkpoint reloads the engine.
+    editor.client.progress_reports.clear()
+    change = types.DidChangeConfigurationParams(settings={"dscoder": {"model": str(tiny_model)}})
+    editor.client.workspace_did_change_configuration(change)
+    assert (await editor.ready())[-1].message == "ready"
+    request = editor.inline(doc, 1, 4)
+    await request.result()
+    assert (await editor.record(request))["outcome"] in ("ok", "empty")
+
+    editor.client.exit(None)  # without shutdown: exit code 1 (LSP)
+    assert await asyncio.wait_for(editor.client._server.wait(), 30) == 1
+    await editor.client.stop()
