@@ -27,7 +27,7 @@ from lsp_dscoder.kernels.rms_norm import rms_norm
 from lsp_dscoder.kernels.rope_store import rope_cos_sin, rope_store
 from lsp_dscoder.kernels.silu_mul import silu_mul
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 Progress = Callable[[str, int, int], None]
 
 

@@ -219,7 +219,7 @@ def measure(runner, hf, cfg: ModelConfig, new: int, prefix: int, reps: int, floo
             return runner.decode(int(ids[-1]), prefix, 0)
         return runner.prefill(ids[prefix:], prefix, 0)
 
-    n = reps if new <= 256 else max(3, reps // 4)
+    n = reps if new <= 512 else max(3, reps // 4)
     before = runner.counts["graph_replays"]
     ours = _events(lambda: step().argmax(-1), n)
     replays = (runner.counts["graph_replays"] - before) / (n + 1)
