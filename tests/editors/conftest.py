@@ -127,7 +127,11 @@ function probe.install(client)
     if method ~= 'textDocument/inlineCompletion' then
       return request(self, method, params, handler, bufnr)
     end
-    local entry = { position = params.position, version = vim.lsp.util.buf_versions[bufnr] }
+    local entry = {
+      position = params.position,
+      version = vim.lsp.util.buf_versions[bufnr],
+      kind = params.context.triggerKind,
+    }
     local wrapped = function(err, result, ctx)
       probe.responses[#probe.responses + 1] = {
         id = entry.id, err = err or vim.NIL, result = result or vim.NIL, version = ctx.version,

@@ -198,7 +198,7 @@ def test_accept_word_then_lines(editor: Editor) -> None:
         pytest.fail("no line break in the suggestion; pick another SOURCE")
 
 
-def test_dismiss_clears_it_and_tab_falls_through(editor: Editor) -> None:
+def test_dismiss_trigger_and_tab_falling_through(editor: Editor) -> None:
     start_suggestion(editor)
     requests = len(editor.probe("requests"))
     editor.type("<C-]>")
@@ -210,9 +210,17 @@ def test_dismiss_clears_it_and_tab_falls_through(editor: Editor) -> None:
     )
     assert len(editor.probe("requests")) == requests
     assert editor.ghost() is None
+    # The trigger key asks at once (an invoked request), the next change asks again.
+    editor.type("<M-\\>")
+    entry = editor.wait_settled()
+    assert editor.probe("requests")[-1]["kind"] == 1  # InlineCompletionTriggerKind.Invoked
+    assert editor.ghost()["text"] == final_text(entry)
+    editor.type("<C-]>")
+    assert editor.ghost() is None
     # Without a suggestion <Tab> is an ordinary Tab.
     editor.type("<Tab>")
     assert editor.lines() == [*SOURCE[:-1], SOURCE[-1] + "\t"]
+    assert editor.probe("requests")[-1]["kind"] == 2  # Automatic
 
 
 def test_leaving_insert_mode_clears_it_and_the_buffer_holds_only_what_was_typed(editor: Editor) -> None:

@@ -3,6 +3,8 @@
 
 local config = require('lsp_dscoder.config')
 local ghost = require('lsp_dscoder.ghost')
+local keymaps = require('lsp_dscoder.keymaps')
+local request = require('lsp_dscoder.request')
 local status = require('lsp_dscoder.status')
 local suggestion = require('lsp_dscoder.suggestion')
 
@@ -41,7 +43,7 @@ local function on_partial(err, params, ctx)
   if cfg.native then
     native().on_partial(err, params)
   else
-    suggestion.on_partial(err, params, ctx)
+    request.on_partial(err, params, ctx)
   end
 end
 
@@ -71,38 +73,8 @@ local function start(bufnr)
   })
 end
 
---- Insert-mode mapping that acts when a suggestion is shown and otherwise does what `lhs` does.
-local function map_when_visible(bufnr, lhs, action)
-  vim.keymap.set('i', lhs, function()
-    if M.visible(bufnr) then
-      return ('<Cmd>lua require("lsp_dscoder").%s()<CR>'):format(action)
-    end
-    return lhs
-  end, { buffer = bufnr, expr = true, replace_keycodes = true, desc = 'lsp-dscoder: ' .. action })
-end
-
-local function set_keymaps(bufnr)
-  local keys = cfg.keymaps
-  for _, action in ipairs({ 'accept', 'accept_word', 'accept_line', 'dismiss' }) do
-    if keys[action] then
-      map_when_visible(bufnr, keys[action], action)
-    end
-  end
-  if keys.trigger then
-    vim.keymap.set('i', keys.trigger, M.trigger, { buffer = bufnr, desc = 'lsp-dscoder: trigger' })
-  end
-end
-
-local function del_keymaps(bufnr)
-  for _, lhs in pairs(cfg.keymaps) do
-    if lhs then
-      pcall(vim.keymap.del, 'i', lhs, { buffer = bufnr })
-    end
-  end
-end
-
 local function on_attach(bufnr)
-  set_keymaps(bufnr)
+  keymaps.set(bufnr, cfg.keymaps, M.visible, M.trigger)
   if cfg.native then
     native().attach(bufnr)
     return
@@ -137,12 +109,12 @@ local function on_attach(bufnr)
     suggestion.on_cursor_moved(bufnr)
   end)
   autocmd({ 'InsertLeave', 'BufLeave' }, function()
-    suggestion.reset(bufnr)
+    suggestion.dismiss(bufnr)
   end)
 end
 
 local function on_detach(bufnr)
-  del_keymaps(bufnr)
+  keymaps.del(bufnr, cfg.keymaps)
   if cfg.native then
     native().detach(bufnr)
   else
@@ -223,17 +195,17 @@ M.accept = act(function(bufnr, client)
   if cfg.native then
     return native().accept(bufnr)
   end
-  return suggestion.accept(bufnr, client, 'all', cfg.auto_trigger)
+  return suggestion.accept(bufnr, client, suggestion.Part.ALL, cfg.auto_trigger)
 end)
 
 --- Insert the suggestion up to the end of its next word. @return boolean accepted
 M.accept_word = act(function(bufnr, client)
-  return not cfg.native and suggestion.accept(bufnr, client, 'word', cfg.auto_trigger)
+  return not cfg.native and suggestion.accept(bufnr, client, suggestion.Part.WORD, cfg.auto_trigger)
 end)
 
 --- Insert the suggestion up to the end of its current line. @return boolean accepted
 M.accept_line = act(function(bufnr, client)
-  return not cfg.native and suggestion.accept(bufnr, client, 'line', cfg.auto_trigger)
+  return not cfg.native and suggestion.accept(bufnr, client, suggestion.Part.LINE, cfg.auto_trigger)
 end)
 
 --- Hide the suggestion and cancel its request. @return boolean whether one was shown
