@@ -4,6 +4,10 @@ floor (bytes over the measured copy bandwidth, FLOPs over the measured bf16 matm
     python -m lsp_dscoder.kernels.check_gpu --out DIR          # GPU: table on stdout, full log in DIR
     TRITON_INTERPRET=1 python -m lsp_dscoder.kernels.check_gpu --tiny   # CPU: exercises this script
 
+Without an install, link the folder as lsp_dscoder/kernels under a fresh directory P, put P on PYTHONPATH and
+run from P, not from the checkout: `python -m` puts the working directory first on sys.path, and the
+checkout's own lsp_dscoder/ (the server) has no kernels/ inside.
+
 Timing: each case builds several independent buffer sets (together a few times the L2 cache, as a model's
 layers are), captures one launch per set in a CUDA graph, and reports the median replay time per launch:
 no Python launch overhead and no L2 reuse, as in the engine's captured decode step.
