@@ -52,6 +52,8 @@ def make_cache(n_kv: int, head_dim: int, kv_len: int, dtype: torch.dtype
         (4, 2, 16, 17, 37, None, torch.float32),  # rows span 3 tiles, keys 4
         (4, 2, 16, 17, 37, 3, torch.bfloat16),  # same, split three ways
         (6, 1, 32, 3, 37, 4, torch.float32),  # 6:1 groups (rows not a power of two), last split empty
+        (6, 1, 32, 17, 5, None, torch.bfloat16),  # 6:1 groups, a chunk longer than its prefix
+        (4, 2, 16, 1, 37, 4, torch.bfloat16),  # one token split four ways
         (3, 3, 16, 17, 0, None, torch.bfloat16),  # MHA cold prefill
         (2, 2, 128, 5, 21, 2, torch.bfloat16),  # the real head size
     ],
