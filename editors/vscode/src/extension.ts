@@ -8,7 +8,18 @@ import * as vscode from 'vscode';
 import { DidChangeConfigurationNotification, LanguageClient, State } from 'vscode-languageclient/node';
 
 import { InlineStreaming } from './inline';
-import { initializationOptions, isEnabled, needsRestart, readSettings, SECTION, Settings, serverLaunch } from './settings';
+import {
+  initializationOptions,
+  isEnabled,
+  needsRestart,
+  readSettings,
+  SECTION,
+  SERVER_SECTION,
+  serverConfiguration,
+  serverConfigurationChanged,
+  Settings,
+  serverLaunch,
+} from './settings';
 import { INITIAL, renderStatus, StatusView } from './status';
 import { PARTIAL_COMPLETION_METHOD } from './suggestions';
 
@@ -41,7 +52,7 @@ class Session implements vscode.Disposable {
   async start(): Promise<void> {
     const launch = serverLaunch(this.settings);
     const inline = new InlineStreaming((languageId) => isEnabled(this.settings, languageId), {
-      busy: (count) => this.setStatus({ phase: count > 0 ? 'generating' : 'idle' }),
+      busy: (generating) => this.setStatus({ phase: generating ? 'generating' : 'idle' }),
       ttft: (ms) => this.setStatus({ lastTtftMs: ms }),
     });
     const client = new LanguageClient(
@@ -54,6 +65,16 @@ class Session implements vscode.Disposable {
         outputChannel: this.output,
         middleware: {
           ...inline.middleware,
+          // The server asks for its section when a configuration change came without it.
+          workspace: {
+            configuration: async (params, token, next) => {
+              const answers = await next(params, token);
+              if (!Array.isArray(answers)) return answers;
+              return params.items.map((item, i) =>
+                item.section === SERVER_SECTION ? serverConfiguration(this.settings) : answers[i],
+              );
+            },
+          },
           handleWorkDoneProgress: (_token, params, next) => {
             if (params.kind === 'begin') {
               const progress = { title: params.title, message: params.message, percentage: params.percentage };
@@ -109,7 +130,7 @@ class Session implements vscode.Disposable {
     this.settings = this.readSettings();
     if (needsRestart(before, this.settings)) {
       await this.restart();
-    } else if (this.client?.isRunning()) {
+    } else if (serverConfigurationChanged(before, this.settings) && this.client?.isRunning()) {
       const settings = initializationOptions(this.settings);
       await this.client.sendNotification(DidChangeConfigurationNotification.type, { settings });
     }

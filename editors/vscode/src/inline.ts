@@ -3,14 +3,16 @@
  * shows the streamed partial text before the response arrives, and asks VS Code to re-query as it grows.
  *
  * The LSP request is not tied to VS Code's per-call cancellation token: every refresh makes VS Code
- * cancel its previous call, which must not cancel the generation. The request is cancelled when a newer
- * one replaces it (another version or position of the same document) or the document closes.
+ * cancel its previous call, which must not cancel the generation. One request is in flight at a time:
+ * a newer one replaces it (see `cancelOnReplace` for when that sends `$/cancelRequest`), and closing its
+ * document cancels it. The server keeps decoding after its response (the rest of a multi-line suggestion arrives as
+ * partials of the same request); those keep refreshing the suggestion.
  */
 
 import * as vscode from 'vscode';
 import type { Middleware } from 'vscode-languageclient';
 
-import { Anchor, parsePartial, sameAnchor, SuggestionStore, Update } from './suggestions';
+import { Anchor, cancelOnReplace, parsePartial, sameAnchor, SuggestionStore, Update } from './suggestions';
 
 type Items = vscode.InlineCompletionItem[] | vscode.InlineCompletionList | null | undefined;
 type InlineMiddleware = Required<Pick<Middleware, 'provideInlineCompletionItems'>>;
@@ -21,8 +23,8 @@ type Next = Parameters<InlineMiddleware['provideInlineCompletionItems']>[4];
 const REFRESH_INTERVAL_MS = 30;
 
 export interface InlineEvents {
-  /** Number of requests in flight changed. */
-  busy(count: number): void;
+  /** A request went out, or the one in flight ended. */
+  busy(generating: boolean): void;
   /** Request sent -> first text, in milliseconds. */
   ttft(ms: number): void;
 }
@@ -35,19 +37,21 @@ function anchorOf(document: vscode.TextDocument, position: vscode.Position): Anc
   };
 }
 
-function firstInsertText(items: Items): string | undefined {
-  const list = Array.isArray(items) ? items : items?.items;
-  const text = list?.[0]?.insertText;
+function firstItem(items: Items): vscode.InlineCompletionItem | undefined {
+  return (Array.isArray(items) ? items : items?.items)?.[0];
+}
+
+function insertText(item: vscode.InlineCompletionItem | undefined): string | undefined {
+  const text = item?.insertText;
   return typeof text === 'string' ? text : text?.value;
 }
 
 export class InlineStreaming implements vscode.Disposable {
   private readonly store = new SuggestionStore();
-  /** Per document: the request in flight and its anchor. */
-  private readonly inflight = new Map<string, { anchor: Anchor; cancel: vscode.CancellationTokenSource }>();
-  /** Per document: the server's own items once its response came, shown instead of the partial text. */
-  private readonly finals = new Map<string, { anchor: Anchor; items: Items }>();
-  /** Per document: provider calls waiting for the first text. */
+  private inflight: { anchor: Anchor; cancel: vscode.CancellationTokenSource } | undefined;
+  /** Per document: the first item of the response, whose range the shown suggestion takes. */
+  private readonly finals = new Map<string, { anchor: Anchor; item: vscode.InlineCompletionItem | undefined }>();
+  /** Per document: provider calls waiting for its first text or its response. */
   private readonly waiters = new Map<string, Set<() => void>>();
   private refreshTimer: NodeJS.Timeout | undefined;
 
@@ -67,18 +71,29 @@ export class InlineStreaming implements vscode.Disposable {
     if (partial !== undefined) this.updated(partial.uri, this.store.onPartial(partial, performance.now()));
   }
 
-  /** The document closed or the client stopped: cancel what is in flight for it. */
+  /** The document closed: cancel its request if it is in flight, and drop its suggestion. */
   forget(uri: string): void {
-    this.inflight.get(uri)?.cancel.cancel();
-    this.inflight.delete(uri);
+    if (this.inflight?.anchor.uri === uri) this.cancelInflight();
     this.finals.delete(uri);
     this.store.forget(uri);
-    this.events.busy(this.inflight.size);
   }
 
   dispose(): void {
     clearTimeout(this.refreshTimer);
-    for (const uri of [...this.inflight.keys()]) this.forget(uri);
+    this.cancelInflight();
+  }
+
+  /** Stops waiting for the request in flight (and cancels it unless `replacedBy` says otherwise); its
+   * unfinished suggestion is dropped, so that asking again re-requests. */
+  private cancelInflight(replacedBy?: Anchor): void {
+    const inflight = this.inflight;
+    if (inflight === undefined) return;
+    this.inflight = undefined;
+    if (replacedBy === undefined || cancelOnReplace(inflight.anchor, replacedBy)) inflight.cancel.cancel();
+    inflight.cancel.dispose();
+    this.store.forget(inflight.anchor.uri);
+    this.finals.delete(inflight.anchor.uri);
+    this.events.busy(false);
   }
 
   private async provide(
@@ -91,14 +106,16 @@ export class InlineStreaming implements vscode.Disposable {
     if (!this.enabled(document.languageId)) return undefined;
     const anchor = anchorOf(document, position);
     if (!this.store.has(anchor)) this.request(anchor, document, position, context, next);
-    if (this.store.suggestion(anchor) === undefined && !this.store.isFinal(anchor)) {
-      await this.firstText(anchor.uri, token);
+    // Until the first text or the response, unless VS Code gives up or a newer request replaces this one.
+    while (this.store.has(anchor) && this.store.suggestion(anchor) === undefined && !this.store.isFinal(anchor)) {
+      if (token.isCancellationRequested) return undefined;
+      await this.nextUpdate(anchor.uri, token);
     }
-    if (token.isCancellationRequested) return undefined;
-    const final = this.finals.get(anchor.uri);
-    if (final !== undefined && sameAnchor(final.anchor, anchor)) return final.items;
     const text = this.store.suggestion(anchor);
-    return text === undefined ? undefined : [new vscode.InlineCompletionItem(text, new vscode.Range(position, position))];
+    if (token.isCancellationRequested || text === undefined) return undefined;
+    const final = this.finals.get(anchor.uri);
+    const item = final !== undefined && sameAnchor(final.anchor, anchor) ? final.item : undefined;
+    return [new vscode.InlineCompletionItem(text, item?.range ?? new vscode.Range(position, position), item?.command)];
   }
 
   private request(
@@ -108,18 +125,20 @@ export class InlineStreaming implements vscode.Disposable {
     context: vscode.InlineCompletionContext,
     next: Next,
   ): void {
-    this.forget(anchor.uri); // latest wins: the older request of this document is cancelled
+    this.cancelInflight(anchor); // latest wins
+    this.finals.delete(anchor.uri);
     const cancel = new vscode.CancellationTokenSource();
-    this.inflight.set(anchor.uri, { anchor, cancel });
+    this.inflight = { anchor, cancel };
     this.store.begin(anchor, performance.now());
-    this.events.busy(this.inflight.size);
+    this.events.busy(true);
     const settle = (items: Items): void => {
-      if (this.inflight.get(anchor.uri)?.cancel !== cancel) return; // replaced or forgotten meanwhile
-      this.inflight.delete(anchor.uri);
+      if (this.inflight?.cancel !== cancel) return; // replaced or forgotten meanwhile
+      this.inflight = undefined;
       cancel.dispose();
-      this.events.busy(this.inflight.size);
-      this.finals.set(anchor.uri, { anchor, items });
-      this.updated(anchor.uri, this.store.onFinal(anchor, firstInsertText(items), performance.now()), true);
+      this.events.busy(false);
+      const item = firstItem(items);
+      this.finals.set(anchor.uri, { anchor, item });
+      this.updated(anchor.uri, this.store.onFinal(anchor, insertText(item), performance.now()), true);
     };
     Promise.resolve(next(document, position, context, cancel.token)).then(settle, () => settle(undefined));
   }
@@ -133,26 +152,24 @@ export class InlineStreaming implements vscode.Disposable {
       for (const wake of waiting) wake();
       return; // the provider calls waiting return the new text themselves
     }
-    if (update.changed) this.scheduleRefresh(uri);
+    if (update.changed) this.scheduleRefresh();
   }
 
-  /** Re-query the visible editor when its suggestion changed at its current version and cursor. */
-  private scheduleRefresh(uri: string): void {
+  /** Re-query the active editor (to show more text, or to hide a dropped suggestion) when the
+   * suggestion that changed is the one for its current version and cursor. */
+  private scheduleRefresh(): void {
     if (this.refreshTimer !== undefined) return;
     this.refreshTimer = setTimeout(() => {
       this.refreshTimer = undefined;
       const editor = vscode.window.activeTextEditor;
-      if (editor === undefined || editor.document.uri.toString() !== uri) return;
-      const here = anchorOf(editor.document, editor.selection.active);
-      if (this.store.suggestion(here) !== undefined) {
+      if (editor !== undefined && this.store.has(anchorOf(editor.document, editor.selection.active))) {
         void vscode.commands.executeCommand('editor.action.inlineSuggest.trigger');
       }
     }, REFRESH_INTERVAL_MS);
   }
 
-  /** Resolves on the next change of the document's suggestion, or when VS Code gives up on the call. */
-  private firstText(uri: string, token: vscode.CancellationToken): Promise<void> {
-    if (token.isCancellationRequested) return Promise.resolve();
+  /** Resolves on the next update of the document's suggestion, or when VS Code gives up on the call. */
+  private nextUpdate(uri: string, token: vscode.CancellationToken): Promise<void> {
     return new Promise((resolve) => {
       const set = this.waiters.get(uri) ?? new Set<() => void>();
       this.waiters.set(uri, set);

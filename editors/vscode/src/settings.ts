@@ -1,17 +1,22 @@
 /**
  * The extension's settings (section `lspDscoder`): read once per change, checked for type, and turned
- * into the server's command line and `initializationOptions`. No VS Code imports: unit-tested in node.
+ * into the server's command line and its settings object. No VS Code imports: unit-tested in node.
  *
- * The values themselves (a model folder, a device name, a token count) are the server's to validate;
- * the extension only passes them on.
+ * The server's settings (model, device, dtype, maxTokens and any other key in `serverSettings`) travel
+ * as `initializationOptions` and `workspace/didChangeConfiguration`, under the server's section
+ * `dscoder`; the server validates them (a bad value falls back to its default with a message) and
+ * reloads the model in-process when the model, device or dtype change. Each message carries the full
+ * set: the server applies it over its defaults, so an unset value returns to the default.
  */
 
 export const SECTION = 'lspDscoder';
+/** The server's settings section, as `initializationOptions` and `workspace/configuration` carry it. */
+export const SERVER_SECTION = 'dscoder';
 
 export interface Settings {
   /** Executable of the language server. */
   readonly serverCommand: string;
-  /** Arguments before the model options; `--stdio` selects the transport. */
+  /** Its arguments; `--stdio` selects the transport the extension speaks. */
   readonly serverArgs: readonly string[];
   /** Hugging Face checkpoint folder; `undefined`: the server's default. */
   readonly model: string | undefined;
@@ -19,6 +24,8 @@ export interface Settings {
   readonly device: string | undefined;
   readonly dtype: string | undefined;
   readonly maxTokens: number | undefined;
+  /** Further server settings passed through as they are (prompt budgets, response mode, ...). */
+  readonly serverSettings: Readonly<Record<string, unknown>>;
   /** Language id -> enabled; the key `*` is the default for languages not listed. */
   readonly enable: Readonly<Record<string, boolean>>;
 }
@@ -30,6 +37,7 @@ export const DEFAULTS: Settings = {
   device: undefined,
   dtype: undefined,
   maxTokens: undefined,
+  serverSettings: {},
   enable: { '*': true, plaintext: false, scminput: false },
 };
 
@@ -39,77 +47,73 @@ export interface ReadResult {
   readonly problems: readonly string[];
 }
 
+const isObject = (v: unknown): v is Record<string, unknown> =>
+  typeof v === 'object' && v !== null && !Array.isArray(v);
+
 /** `get(key)` returns the raw value of `lspDscoder.<key>` (undefined when unset). */
 export function readSettings(get: (key: string) => unknown): ReadResult {
   const problems: string[] = [];
-  const bad = (key: string, value: unknown, expected: string): undefined => {
-    problems.push(`${SECTION}.${key}: expected ${expected}, got ${JSON.stringify(value)}; using the default`);
-    return undefined;
-  };
-  const str = (key: string): string | undefined => {
+  // One reader per expected type: `undefined` for unset (or empty) values, a message for wrong ones.
+  const read = <T>(key: string, expected: string, ok: (v: unknown) => boolean): T | undefined => {
     const v = get(key);
     if (v === undefined || v === null || v === '') return undefined;
-    return typeof v === 'string' ? v : bad(key, v, 'a string');
+    if (ok(v)) return v as T;
+    problems.push(`${SECTION}.${key}: expected ${expected}, got ${JSON.stringify(v)}; using the default`);
+    return undefined;
   };
-  const choice = (key: string): string | undefined => {
+  const str = (key: string) => read<string>(key, 'a string', (v) => typeof v === 'string');
+  const choice = (key: string) => {
     const v = str(key);
     return v === 'auto' ? undefined : v;
-  };
-  const positiveInt = (key: string): number | undefined => {
-    const v = get(key);
-    if (v === undefined || v === null) return undefined;
-    return Number.isInteger(v) && (v as number) > 0 ? (v as number) : bad(key, v, 'a positive integer');
-  };
-  const strings = (key: string): string[] | undefined => {
-    const v = get(key);
-    if (v === undefined || v === null) return undefined;
-    const ok = Array.isArray(v) && v.every((a) => typeof a === 'string');
-    return ok ? (v as string[]) : bad(key, v, 'an array of strings');
-  };
-  const enableMap = (key: string): Record<string, boolean> | undefined => {
-    const v = get(key);
-    if (v === undefined || v === null) return undefined;
-    const ok =
-      typeof v === 'object' && !Array.isArray(v) && Object.values(v).every((b) => typeof b === 'boolean');
-    return ok ? (v as Record<string, boolean>) : bad(key, v, 'an object of language id -> boolean');
   };
 
   const settings: Settings = {
     serverCommand: str('server.command') ?? DEFAULTS.serverCommand,
-    serverArgs: strings('server.args') ?? DEFAULTS.serverArgs,
+    serverArgs:
+      read<string[]>('server.args', 'an array of strings', (v) =>
+        Array.isArray(v) && v.every((a) => typeof a === 'string'),
+      ) ?? DEFAULTS.serverArgs,
     model: str('model'),
     device: choice('device'),
     dtype: choice('dtype'),
-    maxTokens: positiveInt('maxTokens'),
-    enable: enableMap('enable') ?? DEFAULTS.enable,
+    maxTokens: read<number>('maxTokens', 'a positive integer', (v) => Number.isInteger(v) && (v as number) > 0),
+    serverSettings: read<Record<string, unknown>>('serverSettings', 'an object', isObject) ?? {},
+    enable:
+      read<Record<string, boolean>>('enable', 'an object of language id -> boolean', (v) =>
+        isObject(v) && Object.values(v).every((b) => typeof b === 'boolean'),
+      ) ?? DEFAULTS.enable,
   };
   return { settings, problems };
 }
 
-/** How to start the server: the model is loaded at start, so its options are command-line flags. */
 export interface ServerLaunch {
   readonly command: string;
   readonly args: readonly string[];
 }
 
 export function serverLaunch(s: Settings): ServerLaunch {
-  const args = [...s.serverArgs];
-  if (s.model !== undefined) args.push('--model', s.model);
-  if (s.device !== undefined) args.push('--device', s.device);
-  if (s.dtype !== undefined) args.push('--dtype', s.dtype);
-  return { command: s.serverCommand, args };
+  return { command: s.serverCommand, args: [...s.serverArgs] };
 }
 
-/** Settings the server reads per request; also sent again through `workspace/didChangeConfiguration`. */
+/** The server's settings object (camelCase keys); the named settings win over `serverSettings`. */
+export function serverConfiguration(s: Settings): Record<string, unknown> {
+  const named = { model: s.model, device: s.device, dtype: s.dtype, maxTokens: s.maxTokens };
+  const set = Object.entries(named).filter(([, v]) => v !== undefined);
+  return { ...s.serverSettings, ...Object.fromEntries(set) };
+}
+
 export function initializationOptions(s: Settings): Record<string, unknown> {
-  const options: Record<string, unknown> = {};
-  if (s.maxTokens !== undefined) options.maxTokens = s.maxTokens;
-  return options;
+  return { [SERVER_SECTION]: serverConfiguration(s) };
 }
 
-/** True when a change needs a new server process (the model and device are fixed at start). */
+/** True when a change needs a new server process: only its command line does. */
 export function needsRestart(a: Settings, b: Settings): boolean {
   return JSON.stringify(serverLaunch(a)) !== JSON.stringify(serverLaunch(b));
+}
+
+/** True when the server must be told (`workspace/didChangeConfiguration`). */
+export function serverConfigurationChanged(a: Settings, b: Settings): boolean {
+  return JSON.stringify(serverConfiguration(a)) !== JSON.stringify(serverConfiguration(b));
 }
 
 export function isEnabled(s: Settings, languageId: string): boolean {

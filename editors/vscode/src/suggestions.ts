@@ -59,14 +59,26 @@ export function sameAnchor(a: Anchor, b: Anchor): boolean {
   );
 }
 
-/** Partial and final text of one request; `undefined` final means the response has not come yet. */
+/**
+ * Whether to send `$/cancelRequest` for the request in flight at `inflight` when a request at `next`
+ * replaces it. Not when the same document moved to a newer version: the server settled that request on
+ * the `didChange` already (dropped as stale, or kept decoding because the user typed through it, which a
+ * late cancel would stop).
+ */
+export function cancelOnReplace(inflight: Anchor, next: Anchor): boolean {
+  return !(inflight.uri === next.uri && next.version > inflight.version);
+}
+
+/** What one request has sent so far. */
 interface Entry {
   readonly anchor: Anchor;
   readonly startedMs: number;
   /** Partials from requests up to this id belong to an earlier request (ids from one connection grow). */
   readonly afterRequestId: number | undefined;
   requestId: number | string | undefined;
+  /** The latest partial's text: the whole suggestion so far (the server only ever extends it). */
   partial: string;
+  /** The response's insert text: `undefined` until it came, '' when it had no item. */
   final: string | undefined;
   ttftMs: number | undefined;
 }
@@ -80,7 +92,14 @@ export interface Update {
 
 const NO_CHANGE: Update = { changed: false, ttftMs: undefined };
 
-/** One entry per document: only the latest request of a document is ever shown. */
+/**
+ * One entry per document: only the latest request of a document is ever shown.
+ *
+ * The server answers an inline request as soon as the first line is complete and keeps streaming the
+ * rest of the suggestion as partials of the same request; what is shown is the longest text the server
+ * sent for the request. A response without an item means the server dropped the request (the document
+ * changed, or nothing to suggest): the suggestion is cleared and later partials are ignored.
+ */
 export class SuggestionStore {
   private readonly entries = new Map<string, Entry>();
   private readonly lastRequestId = new Map<string, number>();
@@ -99,45 +118,43 @@ export class SuggestionStore {
   }
 
   has(anchor: Anchor): boolean {
-    const e = this.entries.get(anchor.uri);
-    return e !== undefined && sameAnchor(e.anchor, anchor);
+    return this.entry(anchor) !== undefined;
   }
 
   /** True once the response for `anchor` has arrived. */
   isFinal(anchor: Anchor): boolean {
-    const e = this.entries.get(anchor.uri);
-    return e !== undefined && sameAnchor(e.anchor, anchor) && e.final !== undefined;
+    return this.entry(anchor)?.final !== undefined;
   }
 
   onPartial(p: PartialCompletion, nowMs: number): Update {
     if (typeof p.requestId === 'number') {
       this.lastRequestId.set(p.uri, Math.max(p.requestId, this.lastRequestId.get(p.uri) ?? p.requestId));
     }
-    const e = this.entries.get(p.uri);
-    if (e === undefined || !sameAnchor(e.anchor, p) || e.final !== undefined) return NO_CHANGE;
+    const e = this.entry(p);
+    if (e === undefined || e.final === '') return NO_CHANGE;
     const older =
       typeof p.requestId === 'number' && e.afterRequestId !== undefined && p.requestId <= e.afterRequestId;
     if (older || (e.requestId !== undefined && e.requestId !== p.requestId)) return NO_CHANGE;
     e.requestId = p.requestId;
-    if (p.text === e.partial) return NO_CHANGE;
+    const before = this.suggestion(p);
     e.partial = p.text;
-    return { changed: true, ttftMs: this.firstText(e, p.text, nowMs) };
+    return this.result(e, before, nowMs);
   }
 
   /** The response arrived: `text` is its first item's insert text, `undefined` for no item. */
   onFinal(anchor: Anchor, text: string | undefined, nowMs: number): Update {
-    const e = this.entries.get(anchor.uri);
-    if (e === undefined || !sameAnchor(e.anchor, anchor) || e.final !== undefined) return NO_CHANGE;
+    const e = this.entry(anchor);
+    if (e === undefined || e.final !== undefined) return NO_CHANGE;
     const before = this.suggestion(anchor);
     e.final = text ?? '';
-    return { changed: this.suggestion(anchor) !== before, ttftMs: this.firstText(e, e.final, nowMs) };
+    return this.result(e, before, nowMs);
   }
 
-  /** What to show at `anchor` now: the response once it came, else the streamed text; never stale text. */
+  /** What to show at `anchor` now: the longest text its request sent; never text of another anchor. */
   suggestion(anchor: Anchor): string | undefined {
-    const e = this.entries.get(anchor.uri);
-    if (e === undefined || !sameAnchor(e.anchor, anchor)) return undefined;
-    const text = e.final ?? e.partial;
+    const e = this.entry(anchor);
+    if (e === undefined || e.final === '') return undefined;
+    const text = e.final === undefined || e.partial.startsWith(e.final) ? e.partial : e.final;
     return text === '' ? undefined : text;
   }
 
@@ -145,9 +162,17 @@ export class SuggestionStore {
     this.entries.delete(uri);
   }
 
-  private firstText(e: Entry, text: string, nowMs: number): number | undefined {
-    if (e.ttftMs !== undefined || text === '') return undefined;
-    e.ttftMs = nowMs - e.startedMs;
-    return e.ttftMs;
+  private entry(anchor: Anchor): Entry | undefined {
+    const e = this.entries.get(anchor.uri);
+    return e !== undefined && sameAnchor(e.anchor, anchor) ? e : undefined;
+  }
+
+  private result(e: Entry, before: string | undefined, nowMs: number): Update {
+    const now = this.suggestion(e.anchor);
+    let ttftMs: number | undefined;
+    if (e.ttftMs === undefined && now !== undefined) {
+      e.ttftMs = ttftMs = nowMs - e.startedMs;
+    }
+    return { changed: now !== before, ttftMs };
   }
 }

@@ -7,21 +7,23 @@ import {
   isEnabled,
   needsRestart,
   readSettings,
+  serverConfiguration,
+  serverConfigurationChanged,
   serverLaunch,
   Settings,
 } from '../settings';
 
 const read = (values: Record<string, unknown>) => readSettings((key) => values[key]);
 
-test('unset settings give the defaults and start `lsp-dscoder --stdio`', () => {
+test('unset settings give the defaults: `lsp-dscoder --stdio` and an empty server section', () => {
   const { settings, problems } = read({});
   assert.deepEqual(settings, DEFAULTS);
   assert.deepEqual(problems, []);
   assert.deepEqual(serverLaunch(settings), { command: 'lsp-dscoder', args: ['--stdio'] });
-  assert.deepEqual(initializationOptions(settings), {});
+  assert.deepEqual(initializationOptions(settings), { dscoder: {} });
 });
 
-test('the values as contributed by package.json defaults ("", "auto", null) mean "not passed"', () => {
+test('the defaults package.json contributes ("", "auto", null, {}) are not sent', () => {
   const { settings, problems } = read({
     'server.command': 'lsp-dscoder',
     'server.args': ['--stdio'],
@@ -29,13 +31,14 @@ test('the values as contributed by package.json defaults ("", "auto", null) mean
     device: 'auto',
     dtype: 'auto',
     maxTokens: null,
+    serverSettings: {},
   });
   assert.deepEqual(problems, []);
   assert.deepEqual(serverLaunch(settings), { command: 'lsp-dscoder', args: ['--stdio'] });
-  assert.deepEqual(initializationOptions(settings), {});
+  assert.deepEqual(initializationOptions(settings), { dscoder: {} });
 });
 
-test('model, device and dtype become flags after the server args; maxTokens an initialization option', () => {
+test('server settings go under `dscoder`; the named ones win over serverSettings', () => {
   const { settings, problems } = read({
     'server.command': '/opt/venv/bin/lsp-dscoder',
     'server.args': ['--stdio', '--log-file', '/tmp/dscoder log.txt'],
@@ -43,23 +46,23 @@ test('model, device and dtype become flags after the server args; maxTokens an i
     device: 'cuda',
     dtype: 'bfloat16',
     maxTokens: 48,
+    serverSettings: { responseMode: 'full', maxTokens: 999, suffixTokens: 256 },
   });
   assert.deepEqual(problems, []);
   assert.deepEqual(serverLaunch(settings), {
     command: '/opt/venv/bin/lsp-dscoder',
-    args: [
-      '--stdio',
-      '--log-file',
-      '/tmp/dscoder log.txt',
-      '--model',
-      '/models/deepseek-coder 1.3b',
-      '--device',
-      'cuda',
-      '--dtype',
-      'bfloat16',
-    ],
+    args: ['--stdio', '--log-file', '/tmp/dscoder log.txt'],
   });
-  assert.deepEqual(initializationOptions(settings), { maxTokens: 48 });
+  assert.deepEqual(initializationOptions(settings), {
+    dscoder: {
+      responseMode: 'full',
+      maxTokens: 48,
+      suffixTokens: 256,
+      model: '/models/deepseek-coder 1.3b',
+      device: 'cuda',
+      dtype: 'bfloat16',
+    },
+  });
 });
 
 test('a value of the wrong type falls back to its default with one message each', () => {
@@ -67,6 +70,7 @@ test('a value of the wrong type falls back to its default with one message each'
     'server.command': 42,
     'server.args': '--stdio',
     maxTokens: 2.5,
+    serverSettings: ['responseMode', 'full'],
     enable: { python: 'yes' },
   });
   assert.deepEqual(settings, DEFAULTS);
@@ -74,6 +78,7 @@ test('a value of the wrong type falls back to its default with one message each'
     'lspDscoder.server.command: expected a string, got 42; using the default',
     'lspDscoder.server.args: expected an array of strings, got "--stdio"; using the default',
     'lspDscoder.maxTokens: expected a positive integer, got 2.5; using the default',
+    'lspDscoder.serverSettings: expected an object, got ["responseMode","full"]; using the default',
     'lspDscoder.enable: expected an object of language id -> boolean, got {"python":"yes"}; using the default',
   ]);
   assert.deepEqual(read({ maxTokens: 0 }).problems, [
@@ -93,13 +98,24 @@ test('enable: a listed language wins over `*`, unlisted languages follow `*`', (
   assert.equal(isEnabled(noStar, 'c'), true);
 });
 
-test('only settings on the command line need a server restart', () => {
+test('only the command line restarts the server; server settings are sent when they change', () => {
   const base: Settings = read({ model: '/m/a' }).settings;
-  assert.equal(needsRestart(base, { ...base, maxTokens: 12 }), false);
-  assert.equal(needsRestart(base, { ...base, enable: { '*': false } }), false);
-  assert.equal(needsRestart(base, { ...base, model: '/m/b' }), true);
-  assert.equal(needsRestart(base, { ...base, device: 'cpu' }), true);
-  assert.equal(needsRestart(base, { ...base, dtype: 'float32' }), true);
-  assert.equal(needsRestart(base, { ...base, serverArgs: ['--stdio', '-v'] }), true);
-  assert.equal(needsRestart(base, { ...base, serverCommand: 'other' }), true);
+  const changes: [Partial<Settings>, boolean, boolean][] = [
+    [{ maxTokens: 12 }, false, true],
+    [{ model: '/m/b' }, false, true],
+    [{ model: undefined }, false, true],
+    [{ device: 'cpu' }, false, true],
+    [{ dtype: 'float32' }, false, true],
+    [{ serverSettings: { responseMode: 'full' } }, false, true],
+    [{ enable: { '*': false } }, false, false],
+    [{ serverArgs: ['--stdio', '--log-level', 'debug'] }, true, false],
+    [{ serverCommand: 'other' }, true, false],
+  ];
+  for (const [change, restart, send] of changes) {
+    const next = { ...base, ...change };
+    assert.equal(needsRestart(base, next), restart, JSON.stringify(change));
+    assert.equal(serverConfigurationChanged(base, next), send, JSON.stringify(change));
+  }
+  // An unset model is left out, so the server goes back to its default (it applies each set in full).
+  assert.deepEqual(serverConfiguration({ ...base, model: undefined }), {});
 });

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { Anchor, parsePartial, PartialCompletion, sameAnchor, SuggestionStore } from '../suggestions';
+import { Anchor, cancelOnReplace, parsePartial, PartialCompletion, sameAnchor, SuggestionStore } from '../suggestions';
 
 const URI = 'file:///src/%E4%BD%A0%E5%A5%BD.py';
 // Line 2 is `s = "😀你" + ` : the cursor after it is at UTF-16 character 12 (the emoji counts 2).
@@ -82,31 +82,43 @@ test('a new request replaces the document\'s suggestion; late partials of older 
   assert.equal(store.suggestion(AT), 'ab');
 });
 
-test('the response replaces the streamed text; partials after it change nothing', () => {
+test('the response (first line) does not cut the suggestion; partials after it keep growing it', () => {
   const store = new SuggestionStore();
   store.begin(AT, 100);
-  store.onPartial(partial(4, 'return a'), 120);
-  assert.deepEqual(store.onFinal(AT, 'return a + b', 130), { changed: true, ttftMs: undefined });
+  store.onPartial(partial(4, 'return a\n'), 120);
+  assert.deepEqual(store.onFinal(AT, 'return a', 130), { changed: false, ttftMs: undefined });
   assert.equal(store.isFinal(AT), true);
-  assert.equal(store.suggestion(AT), 'return a + b');
-  assert.deepEqual(store.onPartial(partial(4, 'return a + b\n', { done: true }), 140), {
-    changed: false,
+  assert.equal(store.suggestion(AT), 'return a\n');
+  assert.deepEqual(store.onPartial(partial(4, 'return a\n    b', { done: true }), 140), {
+    changed: true,
     ttftMs: undefined,
   });
-  assert.equal(store.suggestion(AT), 'return a + b');
+  assert.equal(store.suggestion(AT), 'return a\n    b');
   assert.deepEqual(store.onFinal(AT, 'again', 150), { changed: false, ttftMs: undefined });
+  assert.equal(store.suggestion(AT), 'return a\n    b');
 });
 
-test('a response equal to the streamed text is no change; one without items clears the suggestion', () => {
+test('a response longer than the partials received so far is shown until they catch up', () => {
   const store = new SuggestionStore();
   store.begin(AT, 0);
-  store.onPartial(partial(4, 'pass'), 3);
-  assert.deepEqual(store.onFinal(AT, 'pass', 4), { changed: false, ttftMs: undefined });
+  store.onPartial(partial(4, 'ret'), 1);
+  assert.deepEqual(store.onFinal(AT, 'return a', 2), { changed: true, ttftMs: undefined });
+  assert.equal(store.suggestion(AT), 'return a');
+  assert.equal(store.onPartial(partial(4, 'return'), 3).changed, false);
+  assert.equal(store.suggestion(AT), 'return a');
+  assert.equal(store.onPartial(partial(4, 'return a\n'), 4).changed, true);
+  assert.equal(store.suggestion(AT), 'return a\n');
+});
+
+test('a response without an item clears the suggestion and ends the request', () => {
+  const store = new SuggestionStore();
   store.begin(AT, 10);
   store.onPartial(partial(5, 'pa'), 12);
   assert.deepEqual(store.onFinal(AT, undefined, 15), { changed: true, ttftMs: undefined });
   assert.equal(store.suggestion(AT), undefined);
   assert.equal(store.isFinal(AT), true);
+  assert.equal(store.onPartial(partial(5, 'pass'), 16).changed, false);
+  assert.equal(store.suggestion(AT), undefined);
 });
 
 test('a response before any partial reports the time to first token; a stale response is ignored', () => {
@@ -117,4 +129,14 @@ test('a response before any partial reports the time to first token; a stale res
   store.forget(AT.uri);
   assert.equal(store.has(AT), false);
   assert.equal(store.suggestion(AT), undefined);
+});
+
+test('a replaced request is cancelled unless its document moved to a newer version', () => {
+  const moved = { ...AT, position: { line: 2, character: 13 } };
+  assert.equal(cancelOnReplace(AT, moved), true); // cursor moved, same version: nobody else stops it
+  assert.equal(cancelOnReplace(AT, { ...AT, uri: 'file:///src/other.py', version: 9 }), true);
+  assert.equal(cancelOnReplace(AT, AT), true);
+  // A keystroke: the server's didChange handling already dropped it, or keeps it for typing through.
+  assert.equal(cancelOnReplace(AT, { ...moved, version: 8 }), false);
+  assert.equal(cancelOnReplace(AT, { ...AT, version: 8 }), false);
 });
