@@ -17,7 +17,7 @@ from lsp_dscoder.postprocess import CursorContext, Shaper
 from lsp_dscoder.prompt import Budgets, ContextFile, PromptBuilder
 from lsp_dscoder.session import DocumentSession, Generation, Subscriber
 from lsp_dscoder.settings import Settings
-from lsp_dscoder.stats import Outcome, Source, Stats
+from lsp_dscoder.stats import Outcome, RequestRecord, Source, Stats
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +120,18 @@ class Completer:
                 gen.detach(sub)
             raise
 
-    def _start(self, session: DocumentSession, snap: Snapshot, record: Any) -> Generation | None:
-        builder = self._prompt_builder()
+    def _start(self, session: DocumentSession, snap: Snapshot, record: RequestRecord) -> Generation | None:
+        started = time.monotonic()
+        try:
+            builder = self._prompt_builder()
+        except ValueError as exc:  # budgets that cannot fit the engine's context
+            log.warning("request %s: %s", record.request_id, exc)
+            record.responded(Outcome.ERROR)
+            return None
         prompt = builder.build(
             snap.text, snap.cursor, snap.context, snap.language_id, session.head, session.known
         )
+        record.prompt_s = time.monotonic() - started
         session.head, session.known = prompt.head, list(prompt.middle_pieces)
         ctx = CursorContext.at(snap.text, snap.cursor)
         s = self.settings

@@ -90,7 +90,8 @@ class Generation:
         completion = None
         try:
             async for event in self.handle.stream():
-                self._known.append(Piece(event.token_id, event.text))
+                if event.token_id is not None:  # None: the decoder's flush at the end, no token
+                    self._known.append(Piece(event.token_id, event.text))
                 self.shaper.feed(event.text)
                 self._publish()
                 if self.shaper.stopped:

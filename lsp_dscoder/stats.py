@@ -53,6 +53,7 @@ class RequestRecord:
         self.outcome: Outcome | None = None
         self.first_partial_s: float | None = None
         self.response_s: float | None = None
+        self.prompt_s: float | None = None  # building the prompt
         self.engine: dict[str, Any] | None = None
         self.stop_rule: str | None = None
         self._logged = False
@@ -89,6 +90,8 @@ class RequestRecord:
             "outcome": self.outcome.value if self.outcome else None,
             "firstPartialMs": _ms(self.first_partial_s),
             "responseMs": _ms(self.response_s),
+            "promptMs": _ms(self.prompt_s),
+            "queueMs": _ms(e.get("queue_s")),
             "engineTtftMs": _ms(e.get("ttft_s")),
             "promptTokens": e.get("prompt_tokens"),
             "reusedTokens": e.get("reused_tokens"),
@@ -101,7 +104,8 @@ class RequestRecord:
 
     def log_line(self) -> str:
         d = self.as_dict()
-        keys = ("source", "outcome", "firstPartialMs", "engineTtftMs", "responseMs", "promptTokens")
+        keys = ("source", "outcome", "firstPartialMs", "promptMs", "queueMs", "engineTtftMs", "responseMs")
+        keys += ("promptTokens",)
         keys += ("reusedTokens", "prefilledTokens", "generatedTokens", "decodeTokensPerS", "stopReason")
         fields = " ".join(f"{k}={d[k]}" for k in (*keys, "stopRule") if d[k] is not None)
         return f"request id={self.request_id} uri={self.uri} v={self.version} {fields}"

@@ -68,6 +68,8 @@ def cut_known(tokenizer: TextTokenizer, text: str, known: Sequence[Piece]) -> tu
         at += len(piece.text)
         if piece.text and safe_boundary(text, at):
             keep, keep_at = k + 1, at
+    if keep and tokenizer.decode([p.token_id for p in known[:keep]]) != text[:keep_at]:
+        keep, keep_at = 0, 0  # pieces that do not spell their tokens (held-back stop text): re-tokenise
     rest = text[keep_at:]
     rest_ids = tokenizer.encode(rest) if rest else []
     return tuple(known[:keep]) + pieces_of(tokenizer, rest, rest_ids), keep

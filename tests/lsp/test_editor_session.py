@@ -193,3 +193,12 @@ async def test_stats_report_counts_and_percentiles(editor):
     )
     assert set(stats["requests"]["engineTtftMs"]) == {"p50", "p90", "p99"}
     assert stats["requests"]["tokens"]["prefilledTokens"] <= stats["engine"]["prefilled_tokens"]
+
+
+async def test_ttft_measurement_runs(editor):
+    from tests.lsp.ttft import fresh_positions, typing
+
+    fresh, typed = await fresh_positions(editor, 3), await typing(editor, 4)
+    for row in fresh + typed:
+        assert row["protocol"] >= row["engine"]  # the protocol's interval contains the engine's
+    assert [row["prefilled"] for row in typed[1:]] == [1, 1, 1]  # "val": one token per keystroke

@@ -173,3 +173,11 @@ def test_budgets_fit_the_context(tokenizer):
     assert Budgets().fit(max_context=8192, max_tokens=128) == Budgets()
     with pytest.raises(ValueError, match="max_context 256"):
         Budgets().fit(max_context=256, max_tokens=128)
+
+
+def test_known_pieces_that_do_not_spell_their_tokens_are_not_reused(tokenizer):
+    # Text reported against the wrong token (e.g. held back by a stop string) must not reach the prompt.
+    ids = tokenizer.encode("a y")
+    known = [Piece(ids[0], "a"), Piece(ids[1], " "), Piece(ids[2], "x")]
+    pieces, kept = cut_known(tokenizer, "a x", known)
+    assert kept == 0 and [p.token_id for p in pieces] == tokenizer.encode("a x")
