@@ -301,3 +301,52 @@ def test_setup_rejects_a_bad_option(editor: Editor) -> None:
         "local ok, err = pcall(require('lsp_dscoder.config').resolve, {keymaps = {accept = 3}}); return err"
     )
     assert "keymaps.accept must be a key string or false, got 3" in err
+
+
+def test_setup_again_with_filetypes_and_an_enabled_predicate(editor: Editor) -> None:
+    bufnr = editor.open(SOURCE, 0, 0)
+    cmd = editor.lua("return require('lsp_dscoder').config().cmd")
+    attached = "return #vim.lsp.get_clients({bufnr = ..., name = 'lsp_dscoder'}) > 0"
+    tab_desc = "return vim.fn.maparg('<Tab>', 'i', false, true).desc or vim.NIL"
+    try:
+        editor.lua(
+            """
+            require('lsp_dscoder').setup({
+              cmd = ..., root_markers = {}, filetypes = { 'lua' },
+              enabled = function(b) return not vim.api.nvim_buf_get_name(b):find('skip') end,
+            })
+            """,
+            cmd,
+        )
+        # The Python buffer no longer qualifies: detached, its keymaps gone.
+        editor.wait_for(lambda: not editor.lua(attached, bufnr), "the Python buffer to be detached")
+        assert editor.lua(tab_desc) != "lsp-dscoder: accept"
+        for name, want in (("other.py", False), ("skip.lua", False), ("init.lua", True)):
+            path = editor.workdir / name
+            path.write_text("local x = 1\n", encoding="utf-8")
+            editor.nvim.command(f"edit {path}")
+            assert editor.lua(attached, editor.nvim.current.buffer.number) == want, name
+        assert editor.lua(tab_desc) == "lsp-dscoder: accept"
+    finally:
+        editor.lua("require('lsp_dscoder').setup({ cmd = ..., root_markers = {} })", cmd)
+
+
+def test_keys_fall_through_to_the_mappings_they_shadow(editor: Editor) -> None:
+    editor.lua(
+        """
+        vim.keymap.set('i', '<C-Right>', 'WORD')
+        vim.keymap.set('i', '<C-Down>', function() vim.api.nvim_put({ 'CB' }, 'c', false, true) end)
+        """
+    )
+    try:
+        start_suggestion(editor)
+        editor.type("<C-]>")
+        assert editor.ghost() is None
+        editor.type("<C-Right>")  # nothing shown: the global mapping's text
+        assert editor.lines() == [*SOURCE[:-1], SOURCE[-1] + "WORD"]
+        editor.type("<C-]>")  # hides or cancels whatever the change asked for
+        assert editor.ghost() is None
+        editor.type("<C-Down>")  # the global mapping's callback
+        assert editor.lines() == [*SOURCE[:-1], SOURCE[-1] + "WORDCB"]
+    finally:
+        editor.lua("vim.keymap.del('i', '<C-Right>'); vim.keymap.del('i', '<C-Down>')")

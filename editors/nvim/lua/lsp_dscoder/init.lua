@@ -123,10 +123,30 @@ local function on_detach(bufnr)
   end
 end
 
---- Configure and start. Options: `:help lsp-dscoder-setup`.
+local function our_clients()
+  return vim.lsp.get_clients({ name = M.client_name })
+end
+
+--- Configure and start. Options: `:help lsp-dscoder-setup`. Called again, it applies the new options to
+--- the attached buffers and sends changed `init_options` as `workspace/didChangeConfiguration`; a new
+--- `cmd` takes effect when the server next starts.
 --- @param opts table?
 function M.setup(opts)
-  cfg = config.resolve(opts)
+  local new = config.resolve(opts)
+  for _, client in ipairs(cfg and our_clients() or {}) do
+    for bufnr in pairs(client.attached_buffers) do
+      on_detach(bufnr)
+    end
+    if not vim.deep_equal(cfg.init_options, new.init_options) then
+      local params = { settings = new.init_options }
+      if vim.fn.has('nvim-0.11') == 1 then
+        client:notify('workspace/didChangeConfiguration', params)
+      else
+        client.notify('workspace/didChangeConfiguration', params)
+      end
+    end
+  end
+  cfg = new
   ghost.define_highlight()
   augroup = vim.api.nvim_create_augroup('lsp_dscoder', { clear = true })
   local function ours(ev)
@@ -174,6 +194,15 @@ function M.setup(opts)
     })
   end
   vim.api.nvim_create_autocmd('ColorScheme', { group = augroup, callback = ghost.define_highlight })
+  for _, client in ipairs(our_clients()) do
+    for bufnr in pairs(client.attached_buffers) do
+      if wanted(bufnr) then
+        on_attach(bufnr)
+      else
+        vim.lsp.buf_detach_client(bufnr, client.id)
+      end
+    end
+  end
   for _, bufnr in ipairs(vim.api.nvim_list_bufs()) do
     start(bufnr)
   end
@@ -258,7 +287,7 @@ end
 --- State for statuslines: `{state = "off"|"loading"|"idle"|"generating", ttft_ms?, progress?}`.
 --- @return lsp_dscoder.StatusInfo
 function M.status_info()
-  local client = vim.lsp.get_clients({ name = M.client_name })[1]
+  local client = our_clients()[1]
   return status.info(client ~= nil, client ~= nil and client.initialized == true)
 end
 

@@ -52,9 +52,9 @@ function M.format(info)
 end
 
 local function changed()
-  local key = vim.inspect({ next(progress) ~= nil, next(generating) ~= nil, last_ttft_ms, progress })
-  if key ~= last_shown then
-    last_shown = key
+  local shown = M.format(M.info(true, true))
+  if shown ~= last_shown then
+    last_shown = shown
     vim.api.nvim_exec_autocmds('User', { pattern = 'LspDscoderStatus', modeline = false })
   end
 end
