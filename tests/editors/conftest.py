@@ -133,15 +133,25 @@ function probe.install(client)
       kind = params.context.triggerKind,
     }
     local wrapped = function(err, result, ctx)
-      probe.responses[#probe.responses + 1] = {
+      local response = {
         id = entry.id, err = err or vim.NIL, result = result or vim.NIL, version = ctx.version,
+        position = params.position, before = #probe.renders,
       }
+      probe.responses[#probe.responses + 1] = response
       handler(err, result, ctx)
+      response.after = #probe.renders
     end
     local ok, id = request(self, method, params, wrapped, bufnr)
     entry.id = id
     probe.requests[#probe.requests + 1] = entry
     return ok, id
+  end
+  -- Neovim swallows the server's -32800 answer to a cancelled request: record the cancellation.
+  local cancel_request = client.cancel_request
+  probe.cancelled = {}
+  client.cancel_request = function(self, id)
+    probe.cancelled[#probe.cancelled + 1] = id
+    return cancel_request(self, id)
   end
 end
 

@@ -80,13 +80,15 @@ def start_suggestion(ed: Editor, lines: list[str] = SOURCE) -> dict:
 
 
 def assert_only_current_rendered(ed: Editor) -> None:
-    """Every partial that changed the ghost text belonged to the buffer's version and cursor of then."""
+    """Every partial or response that changed the ghost text belonged to the buffer's version and
+    cursor line of then, and no error response (a cancelled request) changed it."""
     renders = ed.renders()
-    for p in ed.probe("partials"):
-        if p["after"] > p["before"]:
-            r = renders[p["after"] - 1]
-            assert r["version"] == p["version"], (p, r)
-            assert r["cursor"][0] == p["position"]["line"], (p, r)
+    for m in ed.probe("partials") + ed.probe("responses"):
+        if m["after"] > m["before"]:
+            r = renders[m["after"] - 1]
+            assert m.get("err") is None, (m, r)
+            assert r["version"] == m["version"], (m, r)
+            assert r["cursor"][0] == m["position"]["line"], (m, r)
 
 
 def test_ghost_text_grows_with_the_partials(editor: Editor) -> None:
@@ -152,6 +154,25 @@ def test_a_diverging_character_clears_it_and_a_new_suggestion_follows(editor: Ed
     ghost = editor.wait_for(editor.ghost, "the new ghost text")
     assert ghost == {"row": len(SOURCE) - 1, "col": len(SOURCE[-1]) + 1, "text": new, "marks": 1}
     assert editor.lines() == expected
+    assert_only_current_rendered(editor)
+
+
+def test_fast_typing_shows_only_the_latest_request(editor: Editor) -> None:
+    start_suggestion(editor)
+    typed = ""
+    for ch in "Qx_7":  # each key a request that cancels the one before
+        editor.type(ch)
+        typed += ch
+    entry = editor.wait_settled()
+    assert entry["position"] == {"line": len(SOURCE) - 1, "character": len(SOURCE[-1]) + len(typed)}
+    # Each request superseded by the next key was answered already or cancelled by the plugin.
+    requests = editor.probe("requests")
+    superseded = {r["id"] for r in requests[-len(typed) - 1 : -1]}
+    answered = {r["id"] for r in editor.probe("responses")}
+    assert superseded <= answered | set(editor.probe("cancelled")), (superseded, answered)
+    if final_text(entry):
+        assert editor.ghost()["text"] == final_text(entry)
+    assert editor.lines() == [*SOURCE[:-1], SOURCE[-1] + typed]
     assert_only_current_rendered(editor)
 
 
