@@ -1,11 +1,18 @@
 /**
  * Entry point: starts `lsp-dscoder` over stdio with vscode-languageclient, wires the streamed partial
- * completions into inline suggestions, keeps the status bar item current, and restarts the server when
- * a setting it was started with changes.
+ * completions into inline suggestions, keeps the status bar item current, sends setting changes to the
+ * server, and restarts it when its command line changes.
  */
 
 import * as vscode from 'vscode';
-import { DidChangeConfigurationNotification, LanguageClient, State } from 'vscode-languageclient/node';
+import {
+  DidChangeConfigurationNotification,
+  LanguageClient,
+  State,
+  WorkDoneProgressBegin,
+  WorkDoneProgressEnd,
+  WorkDoneProgressReport,
+} from 'vscode-languageclient/node';
 
 import { InlineStreaming } from './inline';
 import {
@@ -20,8 +27,15 @@ import {
   Settings,
   serverLaunch,
 } from './settings';
-import { INITIAL, renderStatus, StatusView } from './status';
+import { INITIAL, renderStatus, StatusView, withBusy } from './status';
 import { PARTIAL_COMPLETION_METHOD } from './suggestions';
+
+/** The server's statistics request; the extension reads whether the model loaded. */
+const STATS_METHOD = 'dscoder/stats';
+interface EngineStats {
+  engineState: 'idle' | 'loading' | 'ready' | 'failed';
+  engineError: string | null;
+}
 
 class Session implements vscode.Disposable {
   private readonly output = vscode.window.createOutputChannel('lsp-dscoder', { log: true });
@@ -52,7 +66,7 @@ class Session implements vscode.Disposable {
   async start(): Promise<void> {
     const launch = serverLaunch(this.settings);
     const inline = new InlineStreaming((languageId) => isEnabled(this.settings, languageId), {
-      busy: (generating) => this.setStatus({ phase: generating ? 'generating' : 'idle' }),
+      busy: (generating) => this.setStatus(withBusy(this.status, generating)),
       ttft: (ms) => this.setStatus({ lastTtftMs: ms }),
     });
     const client = new LanguageClient(
@@ -75,35 +89,29 @@ class Session implements vscode.Disposable {
               );
             },
           },
-          handleWorkDoneProgress: (_token, params, next) => {
-            if (params.kind === 'begin') {
-              const progress = { title: params.title, message: params.message, percentage: params.percentage };
-              this.setStatus({ phase: 'loading', progress });
-            } else if (params.kind === 'report' && this.status.progress !== undefined) {
-              const { message = this.status.progress.message, percentage = this.status.progress.percentage } = params;
-              this.setStatus({ progress: { ...this.status.progress, message, percentage } });
-            } else if (params.kind === 'end') {
-              this.setStatus({ phase: 'idle', progress: undefined });
-            }
-            next(_token, params);
+          handleWorkDoneProgress: (token, params, next) => {
+            this.progress(params);
+            next(token, params);
           },
         },
       },
     );
-    client.onDidChangeState((e) => {
-      if (e.newState === State.Stopped) this.setStatus({ phase: 'stopped', progress: undefined });
+    // Also follows the client's own restarts after a server crash.
+    client.onDidChangeState(({ newState }) => {
+      if (newState === State.Starting) this.setStatus({ phase: 'starting', progress: undefined, error: undefined });
+      if (newState === State.Running && this.status.phase === 'starting') this.setStatus({ phase: 'idle' });
+      if (newState === State.Stopped) this.setStatus({ phase: 'stopped', progress: undefined });
     });
     this.client = client;
     this.inline = inline;
     client.onNotification(PARTIAL_COMPLETION_METHOD, (params: unknown) => inline.onPartial(params));
-    this.setStatus({ phase: 'starting', error: undefined });
     try {
       await client.start();
-      if (this.status.phase === 'starting') this.setStatus({ phase: 'idle' });
     } catch (err) {
-      const error = `could not start "${launch.command} ${launch.args.join(' ')}": ${String(err)}`;
+      // vscode-languageclient has shown the error; the tooltip says what to change.
+      const command = [launch.command, ...launch.args].join(' ');
+      const error = `could not start "${command}" (${String(err)}); set ${SECTION}.server.command`;
       this.setStatus({ phase: 'stopped', error });
-      void vscode.window.showErrorMessage(`lsp-dscoder: ${error}`);
     }
   }
 
@@ -123,6 +131,30 @@ class Session implements vscode.Disposable {
   async dispose(): Promise<void> {
     await this.stop();
     for (const d of this.subscriptions) d.dispose();
+  }
+
+  /** Model load progress from the server's `$/progress`; at its end, whether the model is ready. */
+  private progress(params: WorkDoneProgressBegin | WorkDoneProgressReport | WorkDoneProgressEnd): void {
+    const current = this.status.progress;
+    if (params.kind === 'begin') {
+      const { title, message, percentage } = params;
+      this.setStatus({ phase: 'loading', progress: { title, message, percentage }, error: undefined });
+    } else if (params.kind === 'report' && current !== undefined) {
+      const { message = current.message, percentage = current.percentage } = params;
+      this.setStatus({ progress: { ...current, message, percentage } });
+    } else if (params.kind === 'end') {
+      this.setStatus({ phase: 'idle', progress: undefined });
+      void this.checkEngine();
+    }
+  }
+
+  private async checkEngine(): Promise<void> {
+    const client = this.client;
+    const stats = await client?.sendRequest<EngineStats>(STATS_METHOD).catch(() => undefined);
+    if (client !== this.client || stats === undefined) return;
+    if (stats.engineState === 'failed') {
+      this.setStatus({ phase: 'failed', error: `the model did not load: ${stats.engineError ?? 'unknown error'}` });
+    }
   }
 
   private async configurationChanged(): Promise<void> {
@@ -145,10 +177,6 @@ class Session implements vscode.Disposable {
 
   private setStatus(change: Partial<StatusView>): void {
     this.status = { ...this.status, ...change };
-    // A request finishing during the model load must not hide the load progress.
-    if (this.status.progress !== undefined && this.status.phase !== 'stopped') {
-      this.status = { ...this.status, phase: 'loading' };
-    }
     this.render();
   }
 
@@ -164,7 +192,7 @@ let session: Session | undefined;
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
   session = new Session();
   context.subscriptions.push({ dispose: () => void session?.dispose() });
-  // Not awaited: the server answers `initialize` only after its model has loaded.
+  // Not awaited: activation does not wait for the server process (the model loads after `initialized`).
   void session.start();
 }
 

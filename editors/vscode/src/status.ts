@@ -1,6 +1,7 @@
 /** What the status bar item says: server phase, model-load progress, last time to first token. Pure. */
 
-export type Phase = 'starting' | 'loading' | 'idle' | 'generating' | 'stopped';
+/** `failed`: the server runs but its model did not load; `stopped`: the server process is gone. */
+export type Phase = 'starting' | 'loading' | 'idle' | 'generating' | 'failed' | 'stopped';
 
 export interface LoadProgress {
   readonly title: string;
@@ -14,7 +15,7 @@ export interface StatusView {
   readonly progress: LoadProgress | undefined;
   /** Request sent -> first streamed text received, for the last request that streamed any. */
   readonly lastTtftMs: number | undefined;
-  /** Why the server stopped, when it did. */
+  /** Why the model or the server is not available. */
   readonly error: string | undefined;
 }
 
@@ -25,8 +26,15 @@ const ICONS: Record<Phase, string> = {
   loading: '$(sync~spin)',
   idle: '$(sparkle)',
   generating: '$(loading~spin)',
+  failed: '$(warning)',
   stopped: '$(error)',
 };
+
+/** A request went out or ended: only moves between idle and generating, never hides loading/failure. */
+export function withBusy(v: StatusView, generating: boolean): StatusView {
+  if (v.phase !== 'idle' && v.phase !== 'generating') return v;
+  return { ...v, phase: generating ? 'generating' : 'idle' };
+}
 
 export function formatMs(ms: number): string {
   const tenths = Math.round(ms * 10) / 10;
@@ -34,17 +42,18 @@ export function formatMs(ms: number): string {
 }
 
 export function renderStatus(v: StatusView): { text: string; tooltip: string } {
-  const parts = [`${ICONS[v.phase]} dscoder`];
+  let text = `${ICONS[v.phase]} dscoder`;
   const tips = [`lsp-dscoder: ${v.phase}`];
   if (v.phase === 'loading' && v.progress !== undefined) {
-    const pct = v.progress.percentage === undefined ? '' : ` ${Math.round(v.progress.percentage)}%`;
-    parts.push(`${v.progress.title}${pct}`);
-    tips.push(v.progress.message === undefined ? v.progress.title : `${v.progress.title}: ${v.progress.message}`);
+    const { title, message, percentage } = v.progress;
+    text += `: ${message ?? 'loading'}${percentage === undefined ? '' : ` ${Math.round(percentage)}%`}`;
+    tips.push(message === undefined ? title : `${title}: ${message}`);
   }
   if (v.lastTtftMs !== undefined && (v.phase === 'idle' || v.phase === 'generating')) {
-    parts.push(formatMs(v.lastTtftMs));
+    text += ` ${formatMs(v.lastTtftMs)}`;
     tips.push(`last time to first token: ${formatMs(v.lastTtftMs)}`);
   }
-  if (v.phase === 'stopped' && v.error !== undefined) tips.push(v.error);
-  return { text: parts.join(' '), tooltip: tips.join('\n') };
+  if ((v.phase === 'failed' || v.phase === 'stopped') && v.error !== undefined) tips.push(v.error);
+  tips.push('Click to show the server log.');
+  return { text, tooltip: tips.join('\n') };
 }

@@ -68,7 +68,8 @@ export class Session {
   private readonly writer: RecordingWriter;
   private readonly watchers = new Set<() => void>();
 
-  constructor(command: string, args: readonly string[]) {
+  /** `configuration(section)`: the answer to the server's `workspace/configuration` for a section. */
+  constructor(command: string, args: readonly string[], configuration: (section: string | undefined) => unknown) {
     this.proc = spawn(command, [...args], { cwd: REPO_ROOT, stdio: 'pipe' });
     this.proc.stderr.setEncoding('utf8').on('data', (chunk: string) => this.stderr.push(chunk));
     this.writer = new RecordingWriter(this.proc.stdin);
@@ -77,7 +78,9 @@ export class Session {
     // What vscode-languageclient answers to the server's requests.
     this.connection.onRequest('window/workDoneProgress/create', () => null);
     this.connection.onRequest('client/registerCapability', () => null);
-    this.connection.onRequest('workspace/configuration', (params: { items: unknown[] }) => params.items.map(() => null));
+    this.connection.onRequest('workspace/configuration', (params: { items: { section?: string }[] }) =>
+      params.items.map((item) => configuration(item.section)),
+    );
     this.connection.onNotification(() => undefined);
     this.connection.listen();
   }

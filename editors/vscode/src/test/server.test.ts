@@ -8,9 +8,9 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 
-import { CancellationTokenSource, Message, NotificationMessage, ResponseMessage } from 'vscode-jsonrpc/node';
+import { CancellationTokenSource, Message, NotificationMessage, RequestMessage, ResponseMessage } from 'vscode-jsonrpc/node';
 
-import { initializationOptions, readSettings } from '../settings';
+import { initializationOptions, readSettings, SERVER_SECTION, serverConfiguration, Settings } from '../settings';
 import { Anchor, PARTIAL_COMPLETION_METHOD, PartialCompletion, Position, SuggestionStore } from '../suggestions';
 import { Session, testModel } from './lsp';
 
@@ -31,6 +31,7 @@ const CLIENT_CAPABILITIES = {
 // The cursor goes at the end of the last line: UTF-16 character 35 (34 code points: the emoji counts 2).
 const SOURCE = ['import os', '', 'GREETING = "世界"', '', '', 'def main(path):', '    label = "你好 😀" + os.path.join('];
 
+type ServerStats = { engineState: string; engineError: string | null; settings: Record<string, unknown> };
 type InlineResult = { items: { insertText: string; range: { start: Position; end: Position } }[] } | null;
 
 /** The server's first-line rule: the text up to the end of its first non-blank line. */
@@ -46,14 +47,17 @@ function firstLine(text: string): string {
 describe('lsp-dscoder over stdio, as the extension talks to it', { timeout: LOAD_MS + 6 * REQUEST_MS }, () => {
   let session: Session;
   let cleanup: () => void = () => undefined;
+  // The extension's settings; its middleware answers `workspace/configuration` for the server's section.
+  let settings: Settings = readSettings((key) => ({ maxTokens: 24 })[key]).settings;
   let docs = 0;
   const uriOf = (n: number): string => `file:///work/demo/module_${n}.py`;
 
   before(async () => {
     const model = testModel();
     cleanup = model.cleanup;
-    session = new Session('lsp-dscoder', ['--stdio', '--model', model.folder]);
-    const { settings } = readSettings((key) => ({ maxTokens: 24 })[key]);
+    session = new Session('lsp-dscoder', ['--stdio', '--model', model.folder], (section) =>
+      section === SERVER_SECTION ? serverConfiguration(settings) : null,
+    );
     const { id } = session.request('initialize', {
       processId: process.pid,
       clientInfo: { name: 'Visual Studio Code', version: '1.91.0' },
@@ -70,6 +74,10 @@ describe('lsp-dscoder over stdio, as the extension talks to it', { timeout: LOAD
     const begin = session.received.find((m) => isProgress(m, 'begin')) as { params: Progress } | undefined;
     assert.deepEqual(begin?.params.value, { kind: 'begin', title: 'dscoder: loading model' });
     assert.deepEqual(end.params, { token: begin?.params.token, value: { kind: 'end', message: 'ready' } });
+    // What the extension asks at the end of the load; and the settings it sent arrived, without complaint.
+    const stats = await serverStats();
+    assert.deepEqual([stats.engineState, stats.engineError, stats.settings.maxTokens], ['ready', null, 24]);
+    assert.deepEqual(session.notifications('window/showMessage'), []);
   });
 
   after(async () => {
@@ -106,6 +114,22 @@ describe('lsp-dscoder over stdio, as the extension talks to it', { timeout: LOAD
       .notifications(PARTIAL_COMPLETION_METHOD)
       .map((message) => ({ message, params: message.params as PartialCompletion }))
       .filter((p) => p.params.requestId === id);
+  }
+
+  async function serverStats(): Promise<ServerStats> {
+    const { id } = session.request('dscoder/stats', null);
+    return (await session.response(id, REQUEST_MS)).result as ServerStats;
+  }
+
+  /** Polls `dscoder/stats` (bounded) until `ok` holds, for settings the server applies asynchronously. */
+  async function statsUntil(ok: (s: ServerStats) => boolean): Promise<ServerStats> {
+    const deadline = Date.now() + REQUEST_MS;
+    let stats = await serverStats();
+    while (!ok(stats) && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 20));
+      stats = await serverStats();
+    }
+    return stats;
   }
 
   /** What the extension's store shows at `anchor` after each message, replaying them in arrival order
@@ -240,6 +264,29 @@ describe('lsp-dscoder over stdio, as the extension talks to it', { timeout: LOAD
     const rest = firstLine(suggestion.slice(typed.length));
     assert.deepEqual(response.result, rest === '' ? null : { items: [{ insertText: rest, range: { start: next, end: next } }] });
     assert.equal(replay(id, { uri, version: 3, position: next }).at(-1), suggestion.slice(typed.length) || undefined);
+  });
+
+  test('settings changes as the extension sends them; cleared ones return to the server default', async () => {
+    const change = async (values: Record<string, unknown>) => {
+      settings = readSettings((key) => values[key]).settings;
+      await session.notify('workspace/didChangeConfiguration', { settings: initializationOptions(settings) });
+    };
+    await change({ maxTokens: 16, serverSettings: { responseMode: 'full' } });
+    let stats = await statsUntil((s) => s.settings.maxTokens === 16);
+    assert.deepEqual([stats.settings.maxTokens, stats.settings.responseMode], [16, 'full']);
+    // All cleared: `{dscoder: {}}`; the server asks for its section and gets {} from the extension.
+    await change({});
+    stats = await statsUntil((s) => s.settings.maxTokens !== 16);
+    assert.deepEqual([stats.settings.maxTokens, stats.settings.responseMode], [128, 'firstLine']);
+    const asked = session.received.filter((m): m is RequestMessage => Message.isRequest(m));
+    assert.deepEqual(
+      asked.map((m) => [m.method, m.params]),
+      [
+        ['window/workDoneProgress/create', { token: 'dscoder-load-1' }],
+        ['workspace/configuration', { items: [{ section: 'dscoder' }] }],
+      ],
+    );
+    assert.deepEqual(session.notifications('window/showMessage'), []);
   });
 });
 

@@ -1,46 +1,56 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { formatMs, INITIAL, renderStatus } from '../status';
+import { formatMs, INITIAL, Phase, renderStatus, withBusy } from '../status';
 
-test('starting, then loading with the server\'s progress title and percentage', () => {
-  assert.deepEqual(renderStatus(INITIAL), { text: '$(sync~spin) dscoder', tooltip: 'lsp-dscoder: starting' });
+const CLICK = 'Click to show the server log.';
+
+test('starting, then loading with the server\'s progress message and percentage', () => {
+  assert.deepEqual(renderStatus(INITIAL), {
+    text: '$(sync~spin) dscoder',
+    tooltip: `lsp-dscoder: starting\n${CLICK}`,
+  });
   const loading = {
     ...INITIAL,
     phase: 'loading' as const,
-    progress: { title: 'Loading model', message: 'layer 3/24', percentage: 12.6 },
+    progress: { title: 'dscoder: loading model', message: 'loading weights 3/12', percentage: 12.6 },
   };
   assert.deepEqual(renderStatus(loading), {
-    text: '$(sync~spin) dscoder Loading model 13%',
-    tooltip: 'lsp-dscoder: loading\nLoading model: layer 3/24',
+    text: '$(sync~spin) dscoder: loading weights 3/12 13%',
+    tooltip: `lsp-dscoder: loading\ndscoder: loading model: loading weights 3/12\n${CLICK}`,
   });
-  const noPct = { ...loading, progress: { title: 'Warming up', message: undefined, percentage: undefined } };
-  assert.deepEqual(renderStatus(noPct), {
-    text: '$(sync~spin) dscoder Warming up',
-    tooltip: 'lsp-dscoder: loading\nWarming up',
+  const begun = { ...loading, progress: { title: 'dscoder: loading model', message: undefined, percentage: undefined } };
+  assert.deepEqual(renderStatus(begun), {
+    text: '$(sync~spin) dscoder: loading',
+    tooltip: `lsp-dscoder: loading\ndscoder: loading model\n${CLICK}`,
   });
 });
 
 test('idle and generating show the last time to first token', () => {
   assert.deepEqual(renderStatus({ ...INITIAL, phase: 'idle' }), {
     text: '$(sparkle) dscoder',
-    tooltip: 'lsp-dscoder: idle',
+    tooltip: `lsp-dscoder: idle\n${CLICK}`,
   });
   assert.deepEqual(renderStatus({ ...INITIAL, phase: 'idle', lastTtftMs: 41.6 }), {
     text: '$(sparkle) dscoder 42 ms',
-    tooltip: 'lsp-dscoder: idle\nlast time to first token: 42 ms',
+    tooltip: `lsp-dscoder: idle\nlast time to first token: 42 ms\n${CLICK}`,
   });
   assert.deepEqual(renderStatus({ ...INITIAL, phase: 'generating', lastTtftMs: 7.25 }), {
     text: '$(loading~spin) dscoder 7.3 ms',
-    tooltip: 'lsp-dscoder: generating\nlast time to first token: 7.3 ms',
+    tooltip: `lsp-dscoder: generating\nlast time to first token: 7.3 ms\n${CLICK}`,
   });
 });
 
-test('stopped shows why in the tooltip', () => {
-  const v = { ...INITIAL, phase: 'stopped' as const, lastTtftMs: 12, error: 'could not start "x": ENOENT' };
-  assert.deepEqual(renderStatus(v), {
+test('failed and stopped show why in the tooltip, and no stale time to first token', () => {
+  const failed = { ...INITIAL, phase: 'failed' as const, lastTtftMs: 12, error: 'OSError: no config.json in /m' };
+  assert.deepEqual(renderStatus(failed), {
+    text: '$(warning) dscoder',
+    tooltip: `lsp-dscoder: failed\nOSError: no config.json in /m\n${CLICK}`,
+  });
+  const stopped = { ...INITIAL, phase: 'stopped' as const, error: 'could not start "x": ENOENT' };
+  assert.deepEqual(renderStatus(stopped), {
     text: '$(error) dscoder',
-    tooltip: 'lsp-dscoder: stopped\ncould not start "x": ENOENT',
+    tooltip: `lsp-dscoder: stopped\ncould not start "x": ENOENT\n${CLICK}`,
   });
 });
 
@@ -50,4 +60,22 @@ test('formatMs keeps a decimal below 10 ms only', () => {
   assert.equal(formatMs(9.96), '10 ms');
   assert.equal(formatMs(10.4), '10 ms');
   assert.equal(formatMs(1234.5), '1235 ms');
+});
+
+test('requests toggle idle/generating only; they never hide loading, a failed model or a stopped server', () => {
+  const phases: Phase[] = ['starting', 'loading', 'idle', 'generating', 'failed', 'stopped'];
+  const after = (phase: Phase, generating: boolean) => withBusy({ ...INITIAL, phase }, generating).phase;
+  assert.deepEqual(
+    phases.map((p) => [after(p, true), after(p, false)]),
+    [
+      ['starting', 'starting'],
+      ['loading', 'loading'],
+      ['generating', 'idle'],
+      ['generating', 'idle'],
+      ['failed', 'failed'],
+      ['stopped', 'stopped'],
+    ],
+  );
+  const v = { ...INITIAL, phase: 'idle' as const, lastTtftMs: 30 };
+  assert.deepEqual(withBusy(v, true), { ...v, phase: 'generating' });
 });
