@@ -22,7 +22,8 @@ function M.check()
   if vim.fn.executable(cfg.cmd[1]) == 1 then
     health.ok(('server command: %s'):format(table.concat(cfg.cmd, ' ')))
   else
-    health.error(('%s is not executable'):format(cfg.cmd[1]), { 'install the lsp-dscoder Python package', 'or set cmd' })
+    local advice = { 'install the lsp-dscoder Python package', 'or set cmd' }
+    health.error(('%s is not executable'):format(cfg.cmd[1]), advice)
   end
   health.info('status: ' .. plugin.status())
 end

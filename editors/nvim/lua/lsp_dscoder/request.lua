@@ -103,8 +103,16 @@ local function on_response(bufnr, req, err, result)
   req.responded = true
 end
 
---- Handler of `dscoder/partialCompletion`: `text` is the whole suggestion so far, `done` marks the last.
---- @param params {requestId: integer|string, uri: string, version: integer, position: lsp.Position, text: string, done: boolean}
+--- @class lsp_dscoder.Partial
+--- @field requestId integer|string the JSON-RPC id of the inline-completion request
+--- @field uri string
+--- @field version integer
+--- @field position lsp.Position
+--- @field text string the whole suggestion so far
+--- @field done boolean the last one for this request
+
+--- Handler of `dscoder/partialCompletion`.
+--- @param params lsp_dscoder.Partial
 --- @param ctx lsp.HandlerContext
 function M.on_partial(_, params, ctx)
   for bufnr, req in pairs(in_flight) do
