@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import itertools
 import re
+from pathlib import Path
 
 import pytest
 
-from tests.editors.conftest import Editor
+from tests.editors.conftest import PLUGIN_DIR, Editor
 
 pytestmark = pytest.mark.slow
 
@@ -371,3 +372,15 @@ def test_keys_fall_through_to_the_mappings_they_shadow(editor: Editor) -> None:
         assert editor.lines() == [*SOURCE[:-1], SOURCE[-1] + "WORDCB"]
     finally:
         editor.lua("vim.keymap.del('i', '<C-Right>'); vim.keymap.del('i', '<C-Down>')")
+
+
+def test_help_doc_has_its_tags(editor: Editor, tmp_path: Path) -> None:
+    doc = tmp_path / "doc"
+    doc.mkdir()
+    (doc / "lsp-dscoder.txt").write_bytes((PLUGIN_DIR / "doc" / "lsp-dscoder.txt").read_bytes())
+    editor.nvim.command(f"helptags {doc}")  # raises on duplicate tags
+    editor.nvim.command(f"set runtimepath+={tmp_path}")
+    for tag in ("lsp-dscoder", "lsp-dscoder-keymaps", "lsp_dscoder.accept_word()", "lsp-dscoder-native"):
+        editor.nvim.command(f"help {tag}")
+        assert editor.lua("return vim.fn.expand('%:t')") == "lsp-dscoder.txt", tag
+        editor.nvim.command("helpclose")
