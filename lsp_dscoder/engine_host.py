@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lsp_dscoder.settings import Device, DType, Settings
+from lsp_dscoder.settings import DType, Settings
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +29,6 @@ class LoadState(enum.Enum):
     LOADING = "loading"
     READY = "ready"
     FAILED = "failed"
-
-
-def _default_model() -> Path | None:
-    try:
-        bundled = importlib.import_module("lsp_dscoder.bundled")
-    except ImportError:
-        return None
-    path = Path(bundled.default_model_path())
-    return path if (path / "config.json").exists() else None
 
 
 class EngineHost:
@@ -85,25 +76,28 @@ class EngineHost:
         errors = importlib.import_module("lsp_dscoder.engine.errors")
         self._api, self._errors = api, (errors.EngineError,)
         progress("import", 1, 1)
-        model = Path(settings.model).expanduser() if settings.model else _default_model()
-        if model is None:
-            raise ValueError("no model: pass --model FOLDER or set the `model` setting")
+        if settings.model:
+            model = Path(settings.model).expanduser()  # a folder, or a repo id in the local HF cache
+        else:
+            from lsp_dscoder.bundled import default_model_path
+
+            model = default_model_path()  # FileNotFoundError naming what is missing
         device = settings.device
-        if device is Device.AUTO:
+        if device == "auto":
             import torch
 
-            device = Device.CUDA if torch.cuda.is_available() else Device.CPU
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = settings.dtype
         if dtype is DType.AUTO:
-            dtype = DType.BFLOAT16 if device is Device.CUDA else DType.FLOAT32
+            dtype = DType.BFLOAT16 if device.startswith("cuda") else DType.FLOAT32
         config = api.EngineConfig(
             model=model,
-            device=device.value,
+            device=device,
             dtype=dtype.value,
             max_context=settings.max_context,
             num_slots=settings.num_slots,
         )
-        log.info("loading %s on %s (%s)", model, device.value, dtype.value)
+        log.info("loading %s on %s (%s)", model, device, dtype.value)
         engine = api.Engine(config, progress=progress)
         progress("warmup", 0, 1)
         tok = engine.tokenizer

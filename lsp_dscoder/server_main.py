@@ -12,7 +12,7 @@ import os
 import sys
 
 from lsp_dscoder import settings as settings_mod
-from lsp_dscoder.settings import Device, DType
+from lsp_dscoder.settings import DType
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,8 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--tcp", action="store_true", help="listen for one client over TCP")
     parser.add_argument("--host", default="127.0.0.1", help="TCP address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=2087, help="TCP port (default 2087)")
-    parser.add_argument("--model", help="checkpoint folder (default: the bundled model)")
-    parser.add_argument("--device", choices=[d.value for d in Device], help="default: auto")
+    parser.add_argument("--model", help="checkpoint folder or cached repo id (default: the bundled model)")
+    parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     parser.add_argument("--dtype", choices=[d.value for d in DType], help="default: auto")
     parser.add_argument("--max-context", type=int, help="KV cache length per slot, in tokens")
     parser.add_argument("--num-slots", type=int, help="documents whose KV stays cached")

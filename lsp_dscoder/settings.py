@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,12 +24,6 @@ class ResponseMode(enum.Enum):
     FULL = "full"  # once generation stops
 
 
-class Device(enum.Enum):
-    AUTO = "auto"  # cuda when available, else cpu
-    CPU = "cpu"
-    CUDA = "cuda"
-
-
 class DType(enum.Enum):
     AUTO = "auto"  # float32 on cpu, bfloat16 on cuda
     FLOAT32 = "float32"
@@ -40,7 +35,7 @@ class DType(enum.Enum):
 class Settings:
     # Engine: changing any of these reloads the model.
     model: str | None = None  # checkpoint folder; None means the bundled model
-    device: Device = Device.AUTO
+    device: str = "auto"  # "auto" (cuda when available, else cpu), "cpu", "cuda" or "cuda:N"
     dtype: DType = DType.AUTO
     max_context: int = 4096  # KV cache length per slot, in tokens
     num_slots: int = 4  # documents whose KV stays cached (LRU)
@@ -93,6 +88,12 @@ def _enum(kind: type[enum.Enum]) -> Callable[[Any], enum.Enum]:
     return check
 
 
+def _device(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
+        raise ValueError(f"expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {value!r}")
+    return value
+
+
 def _path(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"expected a folder path, got {value!r}")
@@ -101,7 +102,7 @@ def _path(value: Any) -> str:
 
 _CHECKS: dict[str, Callable[[Any], Any]] = {
     "model": _optional(_path),
-    "device": _enum(Device),
+    "device": _device,
     "dtype": _enum(DType),
     "max_context": _int_in(64, 1 << 20),
     "num_slots": _int_in(1, 64),

@@ -6,7 +6,7 @@ import pytest
 
 from lsp_dscoder.errors import PositionError
 from lsp_dscoder.positions import Encoding, offset_at, position_at, sanitize
-from lsp_dscoder.settings import DEFAULTS, Device, ResponseMode, Settings, parse, to_json
+from lsp_dscoder.settings import DEFAULTS, ResponseMode, Settings, parse, to_json
 
 TEXT = "a😀b你c\r\nx\rend"
 
@@ -55,13 +55,13 @@ def test_encoding_parse():
 def test_settings_defaults_and_values():
     assert DEFAULTS.debounce_ms == 0 and DEFAULTS.response_mode is ResponseMode.FIRST_LINE
     assert DEFAULTS.model is None and DEFAULTS.deadline_ms is None
-    raw = {"dscoder": {"maxTokens": 32, "responseMode": "full", "device": "cpu", "deadlineMs": None}}
+    raw = {"dscoder": {"maxTokens": 32, "responseMode": "full", "device": "cuda:1", "deadlineMs": None}}
     settings, problems = parse(raw)
     assert problems == []
     assert (settings.max_tokens, settings.response_mode, settings.device) == (
         32,
         ResponseMode.FULL,
-        Device.CPU,
+        "cuda:1",
     )
     flat, _ = parse({"maxContext": 2048, "model": "/models/ds"})
     assert (flat.max_context, flat.model) == (2048, "/models/ds")
@@ -72,7 +72,15 @@ def test_settings_defaults_and_values():
 def test_bad_settings_fall_back_to_defaults_with_a_message():
     base = Settings(max_tokens=7)
     settings, problems = parse(
-        {"maxTokens": -3, "responseMode": "all", "debounceMs": True, "numSlots": 2, "colour": "red"}, base
+        {
+            "maxTokens": -3,
+            "responseMode": "all",
+            "debounceMs": True,
+            "numSlots": 2,
+            "device": "gpu",
+            "colour": 1,
+        },
+        base,
     )
     assert (settings.max_tokens, settings.response_mode, settings.num_slots) == (
         128,
@@ -84,5 +92,7 @@ def test_bad_settings_fall_back_to_defaults_with_a_message():
         "dscoder: setting 'responseMode': expected one of 'firstLine', 'full', got 'all'; "
         "using the default 'firstLine'",
         "dscoder: setting 'debounceMs': expected an integer in [0, 10000], got True; using the default 0",
+        "dscoder: setting 'device': expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'; "
+        "using the default 'auto'",
         "dscoder: unknown setting 'colour' ignored",
     ]
