@@ -97,7 +97,7 @@ class RequestRecord:
             "reusedTokens": e.get("reused_tokens"),
             "prefilledTokens": e.get("prefilled_tokens"),
             "generatedTokens": e.get("generated_tokens"),
-            "decodeTokensPerS": e.get("decode_tokens_per_s"),
+            "decodeTokensPerS": None if (rate := e.get("decode_tokens_per_s")) is None else round(rate, 1),
             "stopReason": e.get("stop_reason"),
             "stopRule": self.stop_rule,
         }
