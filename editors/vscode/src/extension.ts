@@ -98,7 +98,8 @@ class Session implements vscode.Disposable {
     );
     // Also follows the client's own restarts after a server crash.
     client.onDidChangeState(({ newState }) => {
-      if (newState === State.Starting) this.setStatus({ phase: 'starting', progress: undefined, error: undefined });
+      if (newState === State.Starting)
+        this.setStatus({ phase: 'starting', progress: undefined, error: undefined });
       if (newState === State.Running && this.status.phase === 'starting') this.setStatus({ phase: 'idle' });
       if (newState === State.Stopped) this.setStatus({ phase: 'stopped', progress: undefined });
     });
@@ -153,7 +154,10 @@ class Session implements vscode.Disposable {
     const stats = await client?.sendRequest<EngineStats>(STATS_METHOD).catch(() => undefined);
     if (client !== this.client || stats === undefined) return;
     if (stats.engineState === 'failed') {
-      this.setStatus({ phase: 'failed', error: `the model did not load: ${stats.engineError ?? 'unknown error'}` });
+      this.setStatus({
+        phase: 'failed',
+        error: `the model did not load: ${stats.engineError ?? 'unknown error'}`,
+      });
     }
   }
 

@@ -5,8 +5,8 @@
  * The LSP request is not tied to VS Code's per-call cancellation token: every refresh makes VS Code
  * cancel its previous call, which must not cancel the generation. One request is in flight at a time:
  * a newer one replaces it (see `cancelOnReplace` for when that sends `$/cancelRequest`), and closing its
- * document cancels it. The server keeps decoding after its response (the rest of a multi-line suggestion arrives as
- * partials of the same request); those keep refreshing the suggestion.
+ * document cancels it. The server keeps decoding after its response (the rest of a multi-line
+ * suggestion arrives as partials of the same request); those keep refreshing the suggestion.
  */
 
 import * as vscode from 'vscode';
@@ -50,7 +50,10 @@ export class InlineStreaming implements vscode.Disposable {
   private readonly store = new SuggestionStore();
   private inflight: { anchor: Anchor; cancel: vscode.CancellationTokenSource } | undefined;
   /** Per document: the first item of the response, whose range the shown suggestion takes. */
-  private readonly finals = new Map<string, { anchor: Anchor; item: vscode.InlineCompletionItem | undefined }>();
+  private readonly finals = new Map<
+    string,
+    { anchor: Anchor; item: vscode.InlineCompletionItem | undefined }
+  >();
   /** Per document: provider calls waiting for its first text or its response. */
   private readonly waiters = new Map<string, Set<() => void>>();
   private refreshTimer: NodeJS.Timeout | undefined;
@@ -107,7 +110,11 @@ export class InlineStreaming implements vscode.Disposable {
     const anchor = anchorOf(document, position);
     if (!this.store.has(anchor)) this.request(anchor, document, position, context, next);
     // Until the first text or the response, unless VS Code gives up or a newer request replaces this one.
-    while (this.store.has(anchor) && this.store.suggestion(anchor) === undefined && !this.store.isFinal(anchor)) {
+    while (
+      this.store.has(anchor) &&
+      this.store.suggestion(anchor) === undefined &&
+      !this.store.isFinal(anchor)
+    ) {
       if (token.isCancellationRequested) return undefined;
       await this.nextUpdate(anchor.uri, token);
     }
@@ -115,7 +122,13 @@ export class InlineStreaming implements vscode.Disposable {
     if (token.isCancellationRequested || text === undefined) return undefined;
     const final = this.finals.get(anchor.uri);
     const item = final !== undefined && sameAnchor(final.anchor, anchor) ? final.item : undefined;
-    return [new vscode.InlineCompletionItem(text, item?.range ?? new vscode.Range(position, position), item?.command)];
+    return [
+      new vscode.InlineCompletionItem(
+        text,
+        item?.range ?? new vscode.Range(position, position),
+        item?.command,
+      ),
+    ];
   }
 
   private request(

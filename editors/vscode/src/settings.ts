@@ -70,17 +70,25 @@ export function readSettings(get: (key: string) => unknown): ReadResult {
   const settings: Settings = {
     serverCommand: str('server.command') ?? DEFAULTS.serverCommand,
     serverArgs:
-      read<string[]>('server.args', 'an array of strings', (v) =>
-        Array.isArray(v) && v.every((a) => typeof a === 'string'),
+      read<string[]>(
+        'server.args',
+        'an array of strings',
+        (v) => Array.isArray(v) && v.every((a) => typeof a === 'string'),
       ) ?? DEFAULTS.serverArgs,
     model: str('model'),
     device: choice('device'),
     dtype: choice('dtype'),
-    maxTokens: read<number>('maxTokens', 'a positive integer', (v) => Number.isInteger(v) && (v as number) > 0),
+    maxTokens: read<number>(
+      'maxTokens',
+      'a positive integer',
+      (v) => Number.isInteger(v) && (v as number) > 0,
+    ),
     serverSettings: read<Record<string, unknown>>('serverSettings', 'an object', isObject) ?? {},
     enable:
-      read<Record<string, boolean>>('enable', 'an object of language id -> boolean', (v) =>
-        isObject(v) && Object.values(v).every((b) => typeof b === 'boolean'),
+      read<Record<string, boolean>>(
+        'enable',
+        'an object of language id -> boolean',
+        (v) => isObject(v) && Object.values(v).every((b) => typeof b === 'boolean'),
       ) ?? DEFAULTS.enable,
   };
   return { settings, problems };

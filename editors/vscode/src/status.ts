@@ -19,7 +19,12 @@ export interface StatusView {
   readonly error: string | undefined;
 }
 
-export const INITIAL: StatusView = { phase: 'starting', progress: undefined, lastTtftMs: undefined, error: undefined };
+export const INITIAL: StatusView = {
+  phase: 'starting',
+  progress: undefined,
+  lastTtftMs: undefined,
+  error: undefined,
+};
 
 const ICONS: Record<Phase, string> = {
   starting: '$(sync~spin)',

@@ -41,8 +41,16 @@ function setup() {
   // The client's own provider: records the LSP request and lets the test answer it.
   const next = (_doc: unknown, position: FakePosition, _ctx: unknown, token: Token) =>
     new Promise((respond) => sent.push({ position, token, respond }));
-  const doc = (version: number, languageId = 'python') => ({ uri: { toString: () => URI }, version, languageId });
-  const provide = (version: number, position: FakePosition, vscodeToken = new fake.CancellationTokenSource()) =>
+  const doc = (version: number, languageId = 'python') => ({
+    uri: { toString: () => URI },
+    version,
+    languageId,
+  });
+  const provide = (
+    version: number,
+    position: FakePosition,
+    vscodeToken = new fake.CancellationTokenSource(),
+  ) =>
     inline.middleware.provideInlineCompletionItems(
       doc(version) as never,
       position as never,
@@ -68,7 +76,7 @@ function setup() {
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const items = (text: string, at = AT) => [new fake.InlineCompletionItem(text, new fake.Range(at, at))];
 
-test('the first call waits for the first partial and returns it; the LSP request has its own token', async () => {
+test('the first call waits for the first partial; the LSP request has its own token', async () => {
   const t = setup();
   const call = t.provide(2, AT);
   assert.equal(t.sent.length, 1);
@@ -80,7 +88,7 @@ test('the first call waits for the first partial and returns it; the LSP request
   assert.equal(t.sent[0].token.isCancellationRequested, false);
 });
 
-test('growing partials re-trigger the active editor; the next call answers at once, without a request', async () => {
+test('growing partials re-trigger the editor; the next call answers at once, without a request', async () => {
   const t = setup();
   fake.window.activeTextEditor = t.editorAt(2, AT);
   const first = t.provide(2, AT);
@@ -121,7 +129,7 @@ test('stale partials (older version, other position) change nothing and trigger 
   assert.deepEqual(await call, items('new'));
 });
 
-test('a cursor move cancels the request in flight; a keystroke (newer version) leaves it to the server', async () => {
+test('a cursor move cancels the request in flight; a keystroke leaves it to the server', async () => {
   const t = setup();
   void t.provide(2, AT);
   const moved = { line: 4, character: 0 };
@@ -134,7 +142,7 @@ test('a cursor move cancels the request in flight; a keystroke (newer version) l
   assert.equal(t.sent[2].token.isCancellationRequested, true);
 });
 
-test('VS Code giving up on a call does not cancel the request; its text is there for the next call', async () => {
+test('VS Code giving up on a call does not cancel the request; the next call gets its text', async () => {
   const t = setup();
   const vscodeToken = new fake.CancellationTokenSource();
   const call = t.provide(2, AT, vscodeToken);

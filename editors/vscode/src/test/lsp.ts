@@ -29,7 +29,11 @@ export function testModel(): { folder: string; cleanup: () => void } {
   if (given) return { folder: given, cleanup: () => undefined };
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'lsp-dscoder-vscode-'));
   const folder = path.join(tmp, 'tiny');
-  execFileSync('python3', ['-m', 'tests.tiny', folder], { cwd: REPO_ROOT, stdio: ['ignore', 'pipe', 'inherit'], timeout: 300_000 });
+  execFileSync('python3', ['-m', 'tests.tiny', folder], {
+    cwd: REPO_ROOT,
+    stdio: ['ignore', 'pipe', 'inherit'],
+    timeout: 300_000,
+  });
   return { folder, cleanup: () => fs.rmSync(tmp, { recursive: true, force: true }) };
 }
 
@@ -69,11 +73,17 @@ export class Session {
   private readonly watchers = new Set<() => void>();
 
   /** `configuration(section)`: the answer to the server's `workspace/configuration` for a section. */
-  constructor(command: string, args: readonly string[], configuration: (section: string | undefined) => unknown) {
+  constructor(
+    command: string,
+    args: readonly string[],
+    configuration: (section: string | undefined) => unknown,
+  ) {
     this.proc = spawn(command, [...args], { cwd: REPO_ROOT, stdio: 'pipe' });
     this.proc.stderr.setEncoding('utf8').on('data', (chunk: string) => this.stderr.push(chunk));
     this.writer = new RecordingWriter(this.proc.stdin);
-    const reader = new RecordingReader(this.proc.stdout, this.received, () => this.watchers.forEach((w) => w()));
+    const reader = new RecordingReader(this.proc.stdout, this.received, () =>
+      this.watchers.forEach((w) => w()),
+    );
     this.connection = createMessageConnection(reader, this.writer);
     // What vscode-languageclient answers to the server's requests.
     this.connection.onRequest('window/workDoneProgress/create', () => null);
@@ -114,7 +124,11 @@ export class Session {
       };
       const timer = setTimeout(() => {
         finish();
-        reject(new Error(`timed out after ${timeoutMs} ms waiting for ${what}; server stderr:\n${this.stderrTail()}`));
+        reject(
+          new Error(
+            `timed out after ${timeoutMs} ms waiting for ${what}; server stderr:\n${this.stderrTail()}`,
+          ),
+        );
       }, timeoutMs);
       const finish = (): void => {
         clearTimeout(timer);
@@ -125,7 +139,9 @@ export class Session {
   }
 
   response(id: number, timeoutMs: number): Promise<ResponseMessage> {
-    return this.waitFor(`the response to request ${id}`, timeoutMs, (m): m is ResponseMessage => isResponse(m, id));
+    return this.waitFor(`the response to request ${id}`, timeoutMs, (m): m is ResponseMessage =>
+      isResponse(m, id),
+    );
   }
 
   /** Index of a message in arrival order. */
@@ -134,7 +150,9 @@ export class Session {
   }
 
   notifications(method: string): NotificationMessage[] {
-    return this.received.filter((m): m is NotificationMessage => Message.isNotification(m) && m.method === method);
+    return this.received.filter(
+      (m): m is NotificationMessage => Message.isNotification(m) && m.method === method,
+    );
   }
 
   stderrTail(): string {

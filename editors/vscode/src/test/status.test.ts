@@ -5,7 +5,7 @@ import { formatMs, INITIAL, Phase, renderStatus, withBusy } from '../status';
 
 const CLICK = 'Click to show the server log.';
 
-test('starting, then loading with the server\'s progress message and percentage', () => {
+test("starting, then loading with the server's progress message and percentage", () => {
   assert.deepEqual(renderStatus(INITIAL), {
     text: '$(sync~spin) dscoder',
     tooltip: `lsp-dscoder: starting\n${CLICK}`,
@@ -19,7 +19,10 @@ test('starting, then loading with the server\'s progress message and percentage'
     text: '$(sync~spin) dscoder: loading weights 3/12 13%',
     tooltip: `lsp-dscoder: loading\ndscoder: loading model: loading weights 3/12\n${CLICK}`,
   });
-  const begun = { ...loading, progress: { title: 'dscoder: loading model', message: undefined, percentage: undefined } };
+  const begun = {
+    ...loading,
+    progress: { title: 'dscoder: loading model', message: undefined, percentage: undefined },
+  };
   assert.deepEqual(renderStatus(begun), {
     text: '$(sync~spin) dscoder: loading',
     tooltip: `lsp-dscoder: loading\ndscoder: loading model\n${CLICK}`,
@@ -42,7 +45,12 @@ test('idle and generating show the last time to first token', () => {
 });
 
 test('failed and stopped show why in the tooltip, and no stale time to first token', () => {
-  const failed = { ...INITIAL, phase: 'failed' as const, lastTtftMs: 12, error: 'OSError: no config.json in /m' };
+  const failed = {
+    ...INITIAL,
+    phase: 'failed' as const,
+    lastTtftMs: 12,
+    error: 'OSError: no config.json in /m',
+  };
   assert.deepEqual(renderStatus(failed), {
     text: '$(warning) dscoder',
     tooltip: `lsp-dscoder: failed\nOSError: no config.json in /m\n${CLICK}`,
@@ -62,7 +70,7 @@ test('formatMs keeps a decimal below 10 ms only', () => {
   assert.equal(formatMs(1234.5), '1235 ms');
 });
 
-test('requests toggle idle/generating only; they never hide loading, a failed model or a stopped server', () => {
+test('requests toggle idle/generating only: never hiding loading, failure or a stopped server', () => {
   const phases: Phase[] = ['starting', 'loading', 'idle', 'generating', 'failed', 'stopped'];
   const after = (phase: Phase, generating: boolean) => withBusy({ ...INITIAL, phase }, generating).phase;
   assert.deepEqual(

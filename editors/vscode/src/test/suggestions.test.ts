@@ -1,18 +1,36 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { Anchor, cancelOnReplace, parsePartial, PartialCompletion, sameAnchor, SuggestionStore } from '../suggestions';
+import {
+  Anchor,
+  cancelOnReplace,
+  parsePartial,
+  PartialCompletion,
+  sameAnchor,
+  SuggestionStore,
+} from '../suggestions';
 
 const URI = 'file:///src/%E4%BD%A0%E5%A5%BD.py';
 // Line 2 is `s = "😀你" + ` : the cursor after it is at UTF-16 character 12 (the emoji counts 2).
 const AT: Anchor = { uri: URI, version: 7, position: { line: 2, character: 12 } };
 
-function partial(requestId: number, text: string, change: Partial<PartialCompletion> = {}): PartialCompletion {
+function partial(
+  requestId: number,
+  text: string,
+  change: Partial<PartialCompletion> = {},
+): PartialCompletion {
   return { requestId, uri: AT.uri, version: AT.version, position: AT.position, text, done: false, ...change };
 }
 
 test('parsePartial accepts the documented shape and rejects anything else', () => {
-  const ok = { requestId: 3, uri: URI, version: 1, position: { line: 0, character: 4 }, text: 'x', done: true };
+  const ok = {
+    requestId: 3,
+    uri: URI,
+    version: 1,
+    position: { line: 0, character: 4 },
+    text: 'x',
+    done: true,
+  };
   assert.deepEqual(parsePartial(ok), ok);
   assert.deepEqual(parsePartial({ ...ok, requestId: 'r-3' }), { ...ok, requestId: 'r-3' });
   assert.equal(parsePartial(null), undefined);
@@ -40,7 +58,8 @@ test('partials grow the suggestion; the first text reports the time to first tok
   assert.deepEqual(store.onPartial(partial(4, '"🎉'), 1025), { changed: true, ttftMs: 25 });
   assert.equal(store.suggestion(AT), '"🎉');
   assert.deepEqual(store.onPartial(partial(4, '"🎉世界"\n'), 1030), { changed: true, ttftMs: undefined });
-  assert.deepEqual(store.onPartial(partial(4, '"🎉世界"\n'), 1031), { changed: false, ttftMs: undefined });
+  const same = store.onPartial(partial(4, '"🎉世界"\n'), 1031);
+  assert.deepEqual(same, { changed: false, ttftMs: undefined });
   assert.equal(store.suggestion(AT), '"🎉世界"\n');
   assert.equal(store.isFinal(AT), false);
 });
@@ -63,7 +82,7 @@ test('partials for another version, position or document are stale and ignored',
   assert.equal(store.suggestion(AT), 'x = 1');
 });
 
-test('a new request replaces the document\'s suggestion; late partials of older requests are dropped', () => {
+test("a new request replaces the document's suggestion; late partials of older requests are dropped", () => {
   const store = new SuggestionStore();
   store.begin(AT, 0);
   store.onPartial(partial(4, 'abc'), 1);
