@@ -121,7 +121,9 @@ class Session implements vscode.Disposable {
     this.client = undefined;
     this.inline = undefined;
     inline?.dispose();
-    if (client !== undefined && client.state !== State.Stopped) await client.stop();
+    if (client !== undefined && client.state !== State.Stopped) {
+      await client.stop().catch((err) => this.output.warn(`stopping the server: ${String(err)}`));
+    }
   }
 
   async restart(): Promise<void> {
