@@ -71,6 +71,8 @@ export class Session {
   private readonly proc: ChildProcessWithoutNullStreams;
   private readonly writer: RecordingWriter;
   private readonly watchers = new Set<() => void>();
+  /** Why the server process is gone, once it is: waits then fail at once instead of timing out. */
+  private ended: string | undefined;
 
   /** `configuration(section)`: the answer to the server's `workspace/configuration` for a section. */
   constructor(
@@ -80,6 +82,12 @@ export class Session {
   ) {
     this.proc = spawn(command, [...args], { cwd: REPO_ROOT, stdio: 'pipe' });
     this.proc.stderr.setEncoding('utf8').on('data', (chunk: string) => this.stderr.push(chunk));
+    const end = (why: string): void => {
+      this.ended ??= why;
+      this.watchers.forEach((w) => w());
+    };
+    this.proc.on('error', (err) => end(`could not run ${command}: ${err.message}`));
+    this.proc.on('exit', (code, signal) => end(`the server exited (code ${code}, signal ${signal})`));
     this.writer = new RecordingWriter(this.proc.stdin);
     const reader = new RecordingReader(this.proc.stdout, this.received, () =>
       this.watchers.forEach((w) => w()),
@@ -117,9 +125,10 @@ export class Session {
     return new Promise((resolve, reject) => {
       const check = (): boolean => {
         const found = this.received.find(match);
-        if (found === undefined) return false;
+        if (found === undefined && this.ended === undefined) return false;
         finish();
-        resolve(found);
+        if (found !== undefined) resolve(found);
+        else reject(new Error(`${this.ended} while waiting for ${what}; stderr:\n${this.stderrTail()}`));
         return true;
       };
       const timer = setTimeout(() => {
