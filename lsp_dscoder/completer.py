@@ -106,7 +106,7 @@ class Completer:
                 return None
             if self.settings.debounce_ms:
                 await asyncio.sleep(self.settings.debounce_ms / 1000.0)
-                if session.latest != request_id:
+                if session.latest != request_id or session.version not in (None, snap.version):
                     record.responded(Outcome.SUPERSEDED)
                     return None
             gen = self._start(session, snap, record)

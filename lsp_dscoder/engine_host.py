@@ -39,6 +39,7 @@ class EngineHost:
         self.settings: Settings | None = None
         self._api: ModuleType | None = None
         self._errors: tuple[type[Exception], ...] = ()
+        self._lock = asyncio.Lock()
 
     @property
     def ready(self) -> bool:
@@ -51,6 +52,10 @@ class EngineHost:
     async def load(self, settings: Settings, report: Report) -> bool:
         """Load (or reload) the engine for `settings`. Returns whether it is ready; on failure `error`
         says why and requests keep getting empty results."""
+        async with self._lock:  # a reload requested during a load waits for it, then replaces it
+            return await self._load(settings, report)
+
+    async def _load(self, settings: Settings, report: Report) -> bool:
         loop = asyncio.get_running_loop()
         old, self.engine = self.engine, None
         self.state, self.error, self.settings = LoadState.LOADING, None, settings

@@ -145,6 +145,7 @@ class DscoderServer(LanguageServer):
             if token is not None:
                 self.work_done_progress.report(token, types.WorkDoneProgressReport(message=message))
 
+        self.completer.engine_changed()  # stop decoding on the engine about to be replaced
         ok = await self.host.load(self.settings, report)
         self.completer.engine_changed()
         message = "ready" if ok else f"failed: {self.host.error}"

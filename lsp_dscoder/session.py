@@ -181,8 +181,10 @@ class DocumentSession:
     known: list[Piece] = field(default_factory=list)  # pieces the engine's slot holds after `head`
     generation: Generation | None = None
     latest: Any = None  # id of the newest completion request
+    version: int | None = None  # of the last change seen
 
     def changed(self, text: str, version: int | None) -> None:
+        self.version = version
         gen = self.generation
         if gen is None:
             return

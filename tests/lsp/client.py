@@ -83,8 +83,9 @@ class Editor:
 
     def request(self, method: str, params: Any, version: int = 0) -> Request:
         msg_id = next(self.ids)
+        sent_at = time.perf_counter()  # before writing: the process may be descheduled right after
         future = self.client.protocol.send_request(method, params, msg_id=msg_id)
-        request = Request(msg_id, version, time.perf_counter(), future)
+        request = Request(msg_id, version, sent_at, future)
         self.requests[msg_id] = request
         future.add_done_callback(lambda _: self.wire.append(("response", msg_id)))
         return request

@@ -136,6 +136,27 @@ async def test_a_request_flood_while_typing(editor):
     assert records[-1]["outcome"] in ("ok", "empty") and records[-1]["version"] == doc.version
 
 
+async def test_debounce_submits_only_the_last_keystroke(editor):
+    settings = {"dscoder": {"debounceMs": 300}}
+    editor.client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=settings))
+    try:
+        doc = editor.open("file:///work/debounce.py", BODY)
+        before = (await editor.stats())["engine"]["requests"]
+        offset, requests = BODY.index("\n", 16), []
+        for i, ch in enumerate("abc"):
+            editor.insert(doc, offset + i, ch, line=1, character=4 + i)
+            requests.append(editor.inline(doc, 1, 5 + i))
+        records = [await editor.record(r) for r in requests]
+        assert [(r["source"], r["outcome"]) for r in records[:-1]] == [("none", "superseded")] * 2
+        assert records[-1]["source"] == "engine"
+        assert (await editor.stats())["engine"]["requests"] == before + 1
+    finally:
+        settings = {"dscoder": {"debounceMs": 0}}
+        editor.client.workspace_did_change_configuration(
+            types.DidChangeConfigurationParams(settings=settings)
+        )
+
+
 async def test_did_change_configuration_pushed_and_pulled(editor):
     settings = types.DidChangeConfigurationParams(
         settings={"dscoder": {"debounceMs": 5, "responseMode": "x"}}
