@@ -45,14 +45,20 @@ def safe_boundary(text: str, at: int) -> bool:
 
 
 def pieces_of(tokenizer: TextTokenizer, text: str, ids: Sequence[int]) -> tuple[Piece, ...]:
-    """Pieces for `ids`, the tokenisation of `text`, by decoding growing prefixes."""
+    """Pieces for `ids`, the tokenisation of `text`. Each token's text is what decoding it adds to the
+    tokens since the last character boundary (with one token before them as context, as incremental
+    detokenisers do), so the work is linear in the number of tokens."""
     pieces = []
-    done = 0
+    done = 0  # characters of `text` spelled so far
+    start = 0  # first token after the last character boundary
     for k, token_id in enumerate(ids):
-        decoded = tokenizer.decode(ids[: k + 1])
-        if len(decoded) > done and text.startswith(decoded, 0) and not decoded.endswith("\ufffd"):
-            pieces.append(Piece(token_id, decoded[done:]))
-            done = len(decoded)
+        context = max(0, start - 1)
+        base = tokenizer.decode(ids[context:start]) if context < start else ""
+        full = tokenizer.decode(ids[context : k + 1])
+        chunk = full[len(base) :] if full.startswith(base) else ""
+        if chunk and not chunk.endswith("\ufffd") and text.startswith(chunk, done):
+            pieces.append(Piece(token_id, chunk))
+            done, start = done + len(chunk), k + 1
         else:
             pieces.append(Piece(token_id, ""))
     return tuple(pieces)
