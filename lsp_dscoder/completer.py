@@ -132,6 +132,9 @@ class Completer:
             snap.text, snap.cursor, snap.context, snap.language_id, session.head, session.known
         )
         record.prompt_s = time.monotonic() - started
+        if log.isEnabledFor(logging.DEBUG):
+            text = builder.tokenizer.decode(prompt.ids)
+            log.debug("request %s prompt (%d tokens): %r", record.request_id, len(prompt.ids), text)
         session.head, session.known = prompt.head, list(prompt.middle_pieces)
         ctx = CursorContext.at(snap.text, snap.cursor)
         s = self.settings
