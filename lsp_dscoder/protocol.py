@@ -35,8 +35,6 @@ log = logging.getLogger(__name__)
 class _Answered:
     """Stands in for a request that was already answered with an error while it was being parsed."""
 
-    jsonrpc = "ignored"
-
 
 class DscoderProtocol(LanguageServerProtocol):
     """pygls drops a request whose params do not parse without answering it; answer -32602 instead."""
@@ -53,6 +51,10 @@ class DscoderProtocol(LanguageServerProtocol):
             log.warning("request %s: %s", data["id"], message)
             self._send_response(data["id"], error=JsonRpcInvalidParams(message).to_response_error())
             return _Answered()
+
+    def handle_message(self, message: Any) -> None:
+        if not isinstance(message, _Answered):
+            super().handle_message(message)
 
 
 class DscoderServer(LanguageServer):
