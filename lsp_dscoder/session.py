@@ -130,9 +130,13 @@ class Generation:
         self._update(sub)
 
     def detach(self, sub: Subscriber) -> None:
-        """The request was cancelled by the client: stop the engine unless someone else listens."""
-        if sub in self.subscribers:
-            self.subscribers.remove(sub)
+        """The request was cancelled by the client: stop the engine unless someone else listens.
+
+        A request already answered and unsubscribed (e.g. superseded by a didChange that continues the
+        suggestion) cancels nothing: the generation may be serving the text the user is typing through."""
+        if sub not in self.subscribers:
+            return
+        self.subscribers.remove(sub)
         if not self.subscribers:
             self.cancel()
 

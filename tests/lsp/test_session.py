@@ -147,3 +147,17 @@ async def test_a_diverging_edit_cancels_and_stale_requests_get_nothing():
     assert len(partials) == count  # no partials for a stale version
     session.changed(DOC[:CURSOR] + "rex" + DOC[CURSOR:], 3)  # does not
     assert handle.cancelled and gen.typed_through(DOC[:CURSOR] + "ret" + DOC[CURSOR:]) is None
+
+
+async def test_cancelling_an_already_superseded_request_keeps_the_generation():
+    session = DocumentSession("file:///a.py")
+    gen, handle, _ = start()
+    session.generation = gen
+    sub = subscriber(Stats(), 1, 1, [])
+    gen.subscribe(sub)
+    handle.push("return x")
+    await settle()
+    session.changed(DOC[:CURSOR] + "ret" + DOC[CURSOR:], 2)  # continues the suggestion: sub answered None
+    gen.detach(sub)  # a late $/cancelRequest for it
+    assert not handle.cancelled and not gen.cancelled
+    assert gen.typed_through(DOC[:CURSOR] + "ret" + DOC[CURSOR:]) == 3
