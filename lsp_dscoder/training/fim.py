@@ -1,9 +1,11 @@
 """DeepSeek-Coder's document format: special token names, document-level FIM in PSM order, packing.
 
 A document becomes `<bos>text<eos>`, or, with probability `fim_rate`, is cut at two character positions
-drawn uniformly (as in the FIM paper and Megatron's implementation that DeepSeek-Coder follows) and
-becomes `<bos><｜fim▁begin｜>prefix<｜fim▁hole｜>suffix<｜fim▁end｜>middle<eos>`, the three parts tokenised
-separately. Training and evaluation share these functions so that prompts match what was trained.
+drawn uniformly (as in the FIM paper's Megatron implementation) and becomes
+`<bos><｜fim▁begin｜>prefix<｜fim▁hole｜>suffix<｜fim▁end｜>middle<eos>`, the three parts tokenised
+separately. Documents are packed into fixed windows first and FIM is applied to the part of each
+document inside a window, so that an example is never split from its context. Training and evaluation
+share these functions so that prompts match what was trained.
 """
 
 from __future__ import annotations
@@ -50,26 +52,52 @@ def psm_ids(ids: SpecialIds, prefix: list[int], suffix: list[int], middle: list[
     return [ids.bos, ids.fim_begin, *prefix, ids.fim_hole, *suffix, ids.fim_end, *middle]
 
 
-def encode_documents(
-    tok, texts: list[str], ids: SpecialIds, rng: random.Random, fim_rate: float
+def encode_plain(tok, texts: list[str], ids: SpecialIds) -> list[np.ndarray]:
+    """Each text as `<bos>text<eos>` (uint16 token ids)."""
+    encoded = tok.encode_batch(texts, add_special_tokens=False)
+    return [np.asarray([ids.bos, *e.ids, ids.eos], dtype=np.uint16) for e in encoded]
+
+
+def fim_windows(
+    tok, windows: list[np.ndarray], ids: SpecialIds, rng: random.Random, fim_rate: float
 ) -> list[np.ndarray]:
-    """Each text as one training document (uint16 token ids), FIM-transformed with probability fim_rate."""
+    """Apply FIM to each document segment (a run of ordinary tokens) of each packed window.
+
+    Done inside the window, as in the Megatron implementation of the FIM paper, so that prefix, suffix
+    and middle are always seen together even when a file is longer than the window. A segment is
+    decoded to text, cut at two uniform character positions and its three parts re-tokenised; the
+    window keeps its length (a few tokens are cut from its end, or it is padded with `<eos>`).
+    """
+    plans: list[list[tuple[bool, np.ndarray]]] = []
     parts: list[str] = []
-    layout: list[bool] = []  # per document: FIM or not
-    for text in texts:
-        fim = rng.random() < fim_rate
-        layout.append(fim)
-        parts.extend(fim_split(text, rng) if fim else (text,))
+    for window in windows:
+        bounds = np.flatnonzero((window == ids.bos) | (window == ids.eos))
+        plan, last = [], 0
+        for b in [*bounds.tolist(), len(window)]:
+            if b > last:
+                segment = window[last:b]
+                fim = rng.random() < fim_rate
+                plan.append((fim, segment))
+                if fim:
+                    parts.extend(fim_split(tok.decode(segment.tolist()), rng))
+            if b < len(window):
+                plan.append((False, window[b : b + 1]))
+            last = b + 1
+        plans.append(plan)
     encoded = iter(e.ids for e in tok.encode_batch(parts, add_special_tokens=False))
-    docs = []
-    for fim in layout:
-        if fim:
-            prefix, middle, suffix = next(encoded), next(encoded), next(encoded)
-            doc = [*psm_ids(ids, prefix, suffix, middle), ids.eos]
-        else:
-            doc = [ids.bos, *next(encoded), ids.eos]
-        docs.append(np.asarray(doc, dtype=np.uint16))
-    return docs
+    out = []
+    for window, plan in zip(windows, plans, strict=True):
+        pieces = []
+        for fim, segment in plan:
+            if fim:
+                prefix, middle, suffix = next(encoded), next(encoded), next(encoded)
+                segment = [ids.fim_begin, *prefix, ids.fim_hole, *suffix, ids.fim_end, *middle]
+            pieces.append(np.asarray(segment, dtype=np.uint16))
+        joined = np.concatenate(pieces)[: len(window)]
+        if len(joined) < len(window):
+            joined = np.concatenate([joined, np.full(len(window) - len(joined), ids.eos, dtype=np.uint16)])
+        out.append(joined)
+    return out
 
 
 def pack(docs: Iterable[np.ndarray], seq_len: int) -> Iterator[np.ndarray]:

@@ -36,7 +36,7 @@ from lsp_dscoder.training.checkpoint import (
     save,
 )
 from lsp_dscoder.training.corpus import read_docs
-from lsp_dscoder.training.fim import SpecialIds, encode_documents, pack
+from lsp_dscoder.training.fim import SpecialIds, encode_plain, fim_windows, pack
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class Batches:
         rng.shuffle(order)
         for start in range(0, len(order), 256):
             chunk = [self.texts[i] for i in order[start : start + 256]]
-            docs = encode_documents(self.tok, chunk, self.ids, rng, self.cfg.fim_rate)
+            docs = encode_plain(self.tok, chunk, self.ids)
             self._tokens += sum(map(len, docs))
             yield from docs
 
@@ -101,9 +101,11 @@ class Batches:
         epoch = 0
         while not self.stop.is_set():
             self._tokens, rows = 0, []
+            rng = random.Random(self.cfg.seed * 1_000_003 + epoch + 500_000)
             for window in pack(self._docs(epoch), self.cfg.seq_len):
                 rows.append(window)
                 if len(rows) == self.cfg.batch_size:
+                    rows = fim_windows(self.tok, rows, self.ids, rng, self.cfg.fim_rate)
                     batch = torch.from_numpy(np.stack(rows).astype(np.int64))  # (B, T)
                     if not self._put((epoch, batch.pin_memory() if self.pin else batch)):
                         return
@@ -148,8 +150,8 @@ def heldout_loss(
     model, tok, texts: list[str], ids: SpecialIds, cfg: TrainConfig, device, fim_rate: float
 ) -> dict:
     """Mean next-token loss over the held-out files packed into seq_len windows (seeded FIM draw)."""
-    docs = encode_documents(tok, texts, ids, random.Random(cfg.seed + 7), fim_rate)
-    windows = list(pack(docs, cfg.seq_len))
+    docs = encode_plain(tok, texts, ids)
+    windows = fim_windows(tok, list(pack(docs, cfg.seq_len)), ids, random.Random(cfg.seed + 7), fim_rate)
     total, count = 0.0, 0
     for start in range(0, len(windows), cfg.batch_size):
         x = torch.from_numpy(np.stack(windows[start : start + cfg.batch_size]).astype(np.int64)).to(device)
