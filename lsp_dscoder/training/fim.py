@@ -3,13 +3,18 @@
 A document becomes `<bos>text<eos>`, or, with probability `fim_rate`, is cut at two character positions
 drawn uniformly (as in the FIM paper's Megatron implementation) and becomes
 `<bos><｜fim▁begin｜>prefix<｜fim▁hole｜>suffix<｜fim▁end｜>middle<eos>`, the three parts tokenised
-separately. Documents are packed into fixed windows first and FIM is applied to the part of each
-document inside a window, so that an example is never split from its context. Training and evaluation
-share these functions so that prompts match what was trained.
+separately. Where the transformation happens is a `FimPlacement`:
+
+- DOCUMENT: whole files before packing. A file longer than the training window is then cut by the
+  packing, so most FIM examples of long files lose the prefix or the suffix from view, and the model
+  learns to infill only weakly.
+- WINDOW: after packing, on the part of each document inside one window (Megatron's sample-level FIM),
+  so that prefix, suffix and middle are always seen together. Use this one.
 """
 
 from __future__ import annotations
 
+import enum
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -22,6 +27,11 @@ FIM_BEGIN = "<｜fim▁begin｜>"
 FIM_HOLE = "<｜fim▁hole｜>"
 FIM_END = "<｜fim▁end｜>"
 SPECIAL_TOKENS = (BOS, EOS, FIM_BEGIN, FIM_HOLE, FIM_END)
+
+
+class FimPlacement(enum.Enum):
+    DOCUMENT = "document"
+    WINDOW = "window"
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,28 @@ def encode_plain(tok, texts: list[str], ids: SpecialIds) -> list[np.ndarray]:
     """Each text as `<bos>text<eos>` (uint16 token ids)."""
     encoded = tok.encode_batch(texts, add_special_tokens=False)
     return [np.asarray([ids.bos, *e.ids, ids.eos], dtype=np.uint16) for e in encoded]
+
+
+def encode_documents(
+    tok, texts: list[str], ids: SpecialIds, rng: random.Random, fim_rate: float
+) -> list[np.ndarray]:
+    """Each text as one document (uint16 ids), FIM-transformed whole with probability fim_rate."""
+    parts: list[str] = []
+    layout: list[bool] = []  # per document: FIM or not
+    for text in texts:
+        fim = rng.random() < fim_rate
+        layout.append(fim)
+        parts.extend(fim_split(text, rng) if fim else (text,))
+    encoded = iter(e.ids for e in tok.encode_batch(parts, add_special_tokens=False))
+    docs = []
+    for fim in layout:
+        if fim:
+            prefix, middle, suffix = next(encoded), next(encoded), next(encoded)
+            doc = [*psm_ids(ids, prefix, suffix, middle), ids.eos]
+        else:
+            doc = [ids.bos, *next(encoded), ids.eos]
+        docs.append(np.asarray(doc, dtype=np.uint16))
+    return docs
 
 
 def fim_windows(

@@ -1,15 +1,19 @@
 """Train the bundled model: a small LlamaForCausalLM in DeepSeek-Coder's checkpoint format.
 
-Trains from scratch for a wall-clock budget (the cosine schedule's length is fixed once the step time is
-measured), with AdamW, fp32 master weights under bf16 autocast, SDPA attention and document-level FIM
-(PSM, rate 0.5) applied afresh each epoch by a background thread. Then measures held-out loss, and saves
-bf16 safetensors shards, a DeepSeek-Coder-style config.json and train_log.json to --out. Seeded.
+Trains for a wall-clock budget (the cosine schedule's length is fixed once the step time is measured),
+with AdamW, fp32 master weights under bf16 autocast, SDPA attention, torch.compile, and FIM (PSM, rate
+0.5, drawn afresh each epoch; see `fim.FimPlacement`) prepared by a background thread. Then saves bf16
+safetensors shards with a DeepSeek-Coder-style config.json, measures held-out loss, and writes
+train_log.json, all to --out. Seeded.
 
-    # end-to-end check on CPU with a tiny model (seconds):
-    python -m lsp_dscoder.training.train --shape tiny --device cpu --seq-len 128 --batch-size 2 \\
-        --max-steps 4 --no-compile --out /tmp/tiny-run
-    # the bundled model, on one H200 (data carried in .train_data):
-    python -m lsp_dscoder.training.train --budget-s 470 --out "$OUT"
+    # end-to-end check on CPU with a tiny model (a minute):
+    python -m lsp_dscoder.training.train --shape tiny --device cpu --seq-len 128 --batch-size 8 \\
+        --max-steps 12 --warmup-steps 2 --heldout-limit 3 --max-shard-mb 1 --out /tmp/tiny-run
+    # from scratch on one H200 (data carried in .train_data), about 8 minutes:
+    python -m lsp_dscoder.training.train --budget-s 465 --out "$OUT"
+    # continue a checkpoint, e.g. the bundled one:
+    python -m lsp_dscoder.training.train --init lsp_dscoder/bundled --lr 6e-4 --warmup-steps 50 \\
+        --budget-s 180 --out "$OUT"
 """
 
 from __future__ import annotations
@@ -17,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import queue
 import random
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lsp_dscoder.training.batches import Batches, DataConfig, packed
 from lsp_dscoder.training.checkpoint import (
     SHAPES,
     RopeSettings,
@@ -36,13 +39,12 @@ from lsp_dscoder.training.checkpoint import (
     save,
 )
 from lsp_dscoder.training.corpus import read_docs
-from lsp_dscoder.training.fim import SpecialIds, encode_plain, fim_windows, pack
+from lsp_dscoder.training.fim import FimPlacement, SpecialIds
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    seq_len: int = 2048
-    batch_size: int = 64  # sequences per step
+    data: DataConfig = field(default_factory=DataConfig)
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
     warmup_steps: int = 200
@@ -51,71 +53,16 @@ class TrainConfig:
     grad_clip: float = 1.0
     budget_s: float = 470.0  # from process start to the end of training
     max_steps: int | None = None
-    fim_rate: float = 0.5
-    seed: int = 0
     compile: bool = True
     rope: RopeSettings = field(default_factory=RopeSettings)
     log_every: int = 50
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "batch_size", "warmup_steps", "log_every"):
+        for name in ("warmup_steps", "log_every"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if not 0 <= self.fim_rate <= 1:
-            raise ValueError(f"fim_rate must be in [0, 1], got {self.fim_rate}")
-        if self.seq_len > self.rope.max_position_embeddings:
-            raise ValueError(f"seq_len {self.seq_len} exceeds max_position_embeddings")
-
-
-class Batches:
-    """A background thread that FIM-transforms, tokenises and packs epoch after epoch into a queue."""
-
-    def __init__(self, tok, texts: list[str], ids: SpecialIds, cfg: TrainConfig, pin: bool) -> None:
-        self.tok, self.texts, self.ids, self.cfg, self.pin = tok, texts, ids, cfg, pin
-        self.queue: queue.Queue = queue.Queue(maxsize=16)
-        self.stop = threading.Event()
-        self.epoch_tokens: list[int] = []  # tokens in each completed epoch's stream
-        self.thread = threading.Thread(target=self._run, name="batches", daemon=True)
-        self.thread.start()
-
-    def _docs(self, epoch: int):
-        rng = random.Random(self.cfg.seed * 1_000_003 + epoch)
-        order = list(range(len(self.texts)))
-        rng.shuffle(order)
-        for start in range(0, len(order), 256):
-            chunk = [self.texts[i] for i in order[start : start + 256]]
-            docs = encode_plain(self.tok, chunk, self.ids)
-            self._tokens += sum(map(len, docs))
-            yield from docs
-
-    def _put(self, item: torch.Tensor) -> bool:
-        while not self.stop.is_set():
-            try:
-                self.queue.put(item, timeout=0.5)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self) -> None:
-        epoch = 0
-        while not self.stop.is_set():
-            self._tokens, rows = 0, []
-            rng = random.Random(self.cfg.seed * 1_000_003 + epoch + 500_000)
-            for window in pack(self._docs(epoch), self.cfg.seq_len):
-                rows.append(window)
-                if len(rows) == self.cfg.batch_size:
-                    rows = fim_windows(self.tok, rows, self.ids, rng, self.cfg.fim_rate)
-                    batch = torch.from_numpy(np.stack(rows).astype(np.int64))  # (B, T)
-                    if not self._put((epoch, batch.pin_memory() if self.pin else batch)):
-                        return
-                    rows = []
-            self.epoch_tokens.append(self._tokens)
-            epoch += 1
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
+        if self.data.seq_len > self.rope.max_position_embeddings:
+            raise ValueError(f"seq_len {self.data.seq_len} exceeds max_position_embeddings")
 
 
 def lr_at(step: int, total_steps: int | None, cfg: TrainConfig) -> float:
@@ -147,20 +94,19 @@ def forward_backward(model, x: torch.Tensor, device: torch.device) -> torch.Tens
 
 @torch.no_grad()
 def heldout_loss(
-    model, tok, texts: list[str], ids: SpecialIds, cfg: TrainConfig, device, fim_rate: float
+    model, tok, texts: list[str], ids: SpecialIds, cfg: DataConfig, device, fim_rate: float
 ) -> dict:
     """Mean next-token loss over the held-out files packed into seq_len windows (seeded FIM draw)."""
-    docs = encode_plain(tok, texts, ids)
-    windows = fim_windows(tok, list(pack(docs, cfg.seq_len)), ids, random.Random(cfg.seed + 7), fim_rate)
+    groups = list(packed(tok, texts, ids, cfg, random.Random(cfg.seed + 7), fim_rate))
     total, count = 0.0, 0
-    for start in range(0, len(windows), cfg.batch_size):
-        x = torch.from_numpy(np.stack(windows[start : start + cfg.batch_size]).astype(np.int64)).to(device)
+    for rows in groups:
+        x = torch.from_numpy(np.stack(rows).astype(np.int64)).to(device)  # (B, T)
         with autocast(device):
             loss = model(input_ids=x, labels=x).loss
         n = x.numel() - x.shape[0]  # predicted positions
         total, count = total + loss.item() * n, count + n
     chars = sum(map(len, texts))
-    tokens = sum(map(len, docs))
+    tokens = sum(len(rows) * cfg.seq_len for rows in groups)  # the packing drops under a window's tail
     mean = total / count
     return {
         "loss": mean,
@@ -175,21 +121,31 @@ def train(args: argparse.Namespace, cfg: TrainConfig, start: float) -> dict:
     from transformers import AutoModelForCausalLM
 
     device = torch.device(args.device)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.data.seed)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     tok = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
     ids = SpecialIds.from_tokenizer(tok)
     texts = [d["text"] for d in read_docs(args.data / "train.jsonl.xz")]
     heldout = [d["text"] for d in read_docs(args.data / "heldout.jsonl.xz")][: args.heldout_limit]
-    config = llama_config(SHAPES[args.shape], tok.get_vocab_size(), ids, cfg.rope)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device)
+    if args.init is None:
+        config = llama_config(SHAPES[args.shape], tok.get_vocab_size(), ids, cfg.rope)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device)
+    else:  # continue training a saved checkpoint (its shape, not --shape)
+        model = AutoModelForCausalLM.from_pretrained(
+            args.init, dtype=torch.float32, attn_implementation="sdpa"
+        )
+        model, config = model.to(device), model.config
+        if config.vocab_size != tok.get_vocab_size():
+            raise ValueError(
+                f"{args.init} has {config.vocab_size} tokens, the tokenizer {tok.get_vocab_size()}"
+            )
     model.config.use_cache = False
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {n_params / 1e6:.2f}M parameters, {args.shape} {SHAPES[args.shape]}", flush=True)
+    print(f"model: {n_params / 1e6:.2f}M parameters, from {args.init or args.shape}", flush=True)
     step_model = torch.compile(model) if cfg.compile else model
     opt = optimizer(model, cfg, device)
-    batches = Batches(tok, texts, ids, cfg, pin=device.type == "cuda")
+    batches = Batches(tok, texts, ids, cfg.data, pin=device.type == "cuda")
     history, step, total_steps, tokens, timed_from, data_wait_s = [], 0, cfg.max_steps, 0, None, 0.0
     running = torch.zeros((), device=device)
     print(f"setup done at {time.time() - start:.1f}s", flush=True)
@@ -252,20 +208,21 @@ def train(args: argparse.Namespace, cfg: TrainConfig, start: float) -> dict:
     round_to_bf16(model)
     save(model, config, args.out, args.max_shard_mb * 1_000_000)  # first: the weights must come back
     results = {
-        "heldout_plain": heldout_loss(model, tok, heldout, ids, cfg, device, fim_rate=0.0),
-        "heldout_fim": heldout_loss(model, tok, heldout, ids, cfg, device, fim_rate=1.0),
+        "heldout_plain": heldout_loss(model, tok, heldout, ids, cfg.data, device, fim_rate=0.0),
+        "heldout_fim": heldout_loss(model, tok, heldout, ids, cfg.data, device, fim_rate=1.0),
         "reload_max_abs_diff": reload_check(model, args.out),
     }
     return {
         "parameters": n_params,
-        "shape": asdict(SHAPES[args.shape]),
-        "train_config": asdict(cfg),
+        "init": str(args.init) if args.init else None,
+        "shape": {k: getattr(config, k) for k in ("hidden_size", "num_hidden_layers", "intermediate_size")},
+        "train_config": json.loads(json.dumps(asdict(cfg), default=lambda v: v.value)),
         "steps": step,
         "tokens": tokens,
         "train_s": train_s,
         "data_wait_s": data_wait_s,
         "compiled": step_model is not model,
-        "epoch_tokens": batches.epoch_tokens,
+        "epochs_prepared": batches.epochs_done,
         "train_files": len(texts),
         "heldout_files": len(heldout),
         "history": history,
@@ -286,17 +243,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="bundled")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max-shard-mb", type=float, default=14.0, help="each file comes back <= 16 MiB")
-    tunable = ("seq_len", "batch_size", "budget_s", "lr", "warmup_steps", "seed", "max_steps", "log_every")
-    defaults = TrainConfig()
-    for name in tunable:
-        kind = type(getattr(defaults, name)) if getattr(defaults, name) is not None else int
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=getattr(defaults, name))
+    data_fields = ("seq_len", "batch_size", "seed")
+    train_fields = ("budget_s", "lr", "warmup_steps", "max_steps", "log_every")
+    defaults = {**asdict(DataConfig()), **asdict(TrainConfig())}
+    for name in data_fields + train_fields:
+        kind = int if name == "max_steps" else type(defaults[name])
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=defaults[name])
+    parser.add_argument("--init", type=Path, default=None, help="continue from this checkpoint folder")
+    parser.add_argument("--fim-placement", choices=[p.value for p in FimPlacement], default="window")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument(
         "--heldout-limit", type=int, default=None, help="evaluate on the first N held-out files"
     )
     args = parser.parse_args(argv)
-    cfg = TrainConfig(compile=not args.no_compile, **{name: getattr(args, name) for name in tunable})
+    data = DataConfig(
+        fim_placement=FimPlacement(args.fim_placement), **{k: getattr(args, k) for k in data_fields}
+    )
+    cfg = TrainConfig(data=data, compile=not args.no_compile, **{k: getattr(args, k) for k in train_fields})
     args.out.mkdir(parents=True, exist_ok=True)
     log = train(args, cfg, start)
     log["total_s"] = time.time() - start
