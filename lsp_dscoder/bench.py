@@ -128,25 +128,40 @@ def build(shape: str | None, model_path: str | None, with_hf: bool):
     cfg = ModelConfig.from_dict(raw, source=f"{shape} shape")
     if not with_hf:
         return cfg, random_weights(cfg, dev, dt), None
+    hf = transformers_model(raw, dev)
+    sd = hf.state_dict()
+    return cfg, weights_from_tensors(lambda n: sd[n], cfg, dev, dt), hf
+
+
+def transformers_model(raw: dict, device: torch.device):
+    """transformers' LlamaForCausalLM with seeded random bf16 weights, as from_pretrained would hold it.
+
+    `.to(bfloat16)` also rounds the rotary inverse frequencies to bf16 (cos/sin off by up to ~0.17 at
+    position 512), which from_pretrained does not do; the rotary module is rebuilt in float32 so that
+    comparisons are against transformers as users run it."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    hf = (
-        LlamaForCausalLM(
-            LlamaConfig(
-                **{k: v for k, v in raw.items() if k not in ("model_type", "architectures")},
-                attn_implementation="sdpa",
-            )
-        )
-        .to(dev, dt)
-        .eval()
+    config = LlamaConfig(
+        **{k: v for k, v in raw.items() if k not in ("model_type", "architectures")},
+        attn_implementation="sdpa",
     )
+    hf = LlamaForCausalLM(config).to(device, torch.bfloat16).eval()
     with torch.no_grad():
         for p in hf.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.02)
-    sd = hf.state_dict()
-    return cfg, weights_from_tensors(lambda n: sd[n], cfg, dev, dt), hf
+    exact_rotary(hf)
+    return hf
+
+
+def exact_rotary(hf) -> None:
+    """Put float32 rotary inverse frequencies (freshly computed from the config) back into `hf`."""
+    rot = hf.model.rotary_emb
+    fresh = type(rot)(config=hf.config)  # built on the CPU in float32
+    for name in ("inv_freq", "original_inv_freq"):
+        if hasattr(rot, name):
+            setattr(rot, name, getattr(fresh, name).to(rot.inv_freq.device))
 
 
 def start_engine(cfg: ModelConfig, weights, max_context: int, slots: int = 1):
@@ -186,9 +201,9 @@ def parity(model, cache, runner, hf, cfg) -> dict:
     if hf is not None:
         with torch.no_grad():
             hf_bf16 = hf(ids[None], logits_to_keep=1).logits[0].float()
-            hf32 = hf.float()
-            truth = hf32(ids[None], logits_to_keep=1).logits[0].float()
+            truth = hf.float()(ids[None], logits_to_keep=1).logits[0].float()
             hf.to(torch.bfloat16)
+            exact_rotary(hf)
         rows |= {
             "fast vs transformers": (fast, hf_bf16),
             "fast vs fp32": (fast, truth),

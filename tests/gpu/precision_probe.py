@@ -11,8 +11,8 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from lsp_dscoder.bench import exact_rotary, transformers_model
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.model import Transformer, apply_rope_ref, rms_norm_ref
 from lsp_dscoder.engine.weights import weights_from_tensors
@@ -62,12 +62,7 @@ def main() -> None:
             num_attention_heads=2,
             num_key_value_heads=2,
         )
-    torch.manual_seed(0)
-    hf = LlamaForCausalLM(LlamaConfig(**raw, attn_implementation="sdpa")).to(dev, torch.bfloat16).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.02)
+    hf = transformers_model(raw, dev)
     cfg = ModelConfig.from_dict({**raw, "model_type": "llama", "architectures": ["LlamaForCausalLM"]})
     sd = {k: v.clone() for k, v in hf.state_dict().items()}
     m = Transformer(cfg, weights_from_tensors(lambda n: sd[n], cfg, dev, torch.bfloat16), 1024)
@@ -75,6 +70,7 @@ def main() -> None:
     with torch.no_grad():
         truth = hf.float()(ids[None], logits_to_keep=1).logits[0].float()
         hf.to(torch.bfloat16)
+        exact_rotary(hf)
 
         def rel(x: torch.Tensor) -> str:
             return f"{float((x - truth).norm() / truth.norm()):.3e}"

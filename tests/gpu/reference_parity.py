@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from lsp_dscoder.bench import transformers_model
 from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.kv_cache import KVCache
@@ -53,13 +53,7 @@ def main() -> None:
             num_key_value_heads=2,
         )
         torch.cuda.synchronize = lambda: None
-    torch.manual_seed(0)
-    cfg = LlamaConfig(**DS_13B, attn_implementation="sdpa")
-    hf = LlamaForCausalLM(cfg).to(dev, torch.bfloat16).eval()
-    with torch.no_grad():
-        for p in hf.parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.02)
+    hf = transformers_model(DS_13B, dev)
     gpu = "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name()
     results: dict = {"gpu": gpu, "torch": torch.__version__}
     folder = Path(tempfile.mkdtemp()) / "ds13b-random"
