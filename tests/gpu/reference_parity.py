@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from lsp_dscoder.bench import transformers_model
+from lsp_dscoder.bench import COMMON, SHAPES, transformers_model
 from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.kv_cache import KVCache
@@ -21,21 +21,8 @@ from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.weights import weights_from_tensors
 from tests.tiny import write_tokenizer
 
-DS_13B = dict(
-    vocab_size=32256,
-    hidden_size=2048,
-    intermediate_size=5504,
-    num_hidden_layers=24,
-    num_attention_heads=16,
-    num_key_value_heads=16,
-    max_position_embeddings=16384,
-    rms_norm_eps=1e-6,
-    rope_theta=100000.0,
-    rope_scaling={"type": "linear", "factor": 4.0},
-    tie_word_embeddings=False,
-    bos_token_id=0,
-    eos_token_id=1,
-)
+# The 1.3B shape as transformers' LlamaConfig keywords (the bench's table, without the checkpoint-only keys).
+DS_13B = {k: v for k, v in {**COMMON, **SHAPES["1.3b"]}.items() if k not in ("model_type", "architectures")}
 
 
 def main() -> None:
