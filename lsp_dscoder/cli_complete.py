@@ -14,6 +14,7 @@ from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, Sampling
 from lsp_dscoder.engine.errors import EngineError
 from lsp_dscoder.errors import ServerError
 from lsp_dscoder.positions import Encoding, offset_at, sanitize
+from lsp_dscoder.postprocess import CursorContext, Shaper
 from lsp_dscoder.progress import StderrProgress
 from lsp_dscoder.prompt import Budgets, PromptBuilder
 
@@ -54,6 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default: 64)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 for greedy (default)")
     p.add_argument("--json", action="store_true", help='print {"text", "token_ids", "stats"} instead')
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="print the model's text as generated, without the editor's stop rules",
+    )
     add_model_arguments(p)
 
 
@@ -68,29 +74,44 @@ def run(args: argparse.Namespace) -> int:
             budgets = Budgets().fit(engine.max_context, args.max_tokens)
             prompt = PromptBuilder(engine.tokenizer, budgets).build(text, cursor)
             handle = engine.submit(CompletionRequest(prompt_ids=prompt.ids, params=params))
+            # The same stop rules as the editor's suggestion, unless --raw.
+            shaper = None if args.raw else Shaper(CursorContext.at(text, cursor))
+            shown = ""
             for event in handle:
-                if not args.json:
-                    sys.stdout.write(event.text)
-                    sys.stdout.flush()
+                if shaper is not None:
+                    shaper.feed(event.text)
+                    if shaper.stopped:
+                        handle.cancel()
+                shown = _show(shown, shaper.text if shaper else shown + event.text, args.json)
             done = handle.result()
+            if shaper is not None:
+                shown = _show(shown, shaper.finish(), args.json)
     except (EngineError, ServerError, OSError, ValueError) as e:
         progress.close()
         print(f"lsp-dscoder: error: {e}", file=sys.stderr)
         return 2
     s = done.stats
+    rule = shaper.rule.value if shaper is not None else None
     if args.json:
+        stats = {**s.as_dict(), "stop_rule": rule}
         print(
-            json.dumps(
-                {"text": done.text, "token_ids": list(done.token_ids), "stats": s.as_dict()},
-                ensure_ascii=False,
-            )
+            json.dumps({"text": shown, "token_ids": list(done.token_ids), "stats": stats}, ensure_ascii=False)
         )
         return 0
     rate = f"{s.decode_tokens_per_s:.1f} tok/s" if s.decode_tokens_per_s else "n/a"
     ttft = f"{1e3 * s.ttft_s:.1f} ms" if s.ttft_s is not None else "n/a"
+    stop = f"rule {rule}" if rule not in (None, "none") else s.stop_reason.value
     print(
-        f"\n-- {s.generated_tokens} tokens, stop: {s.stop_reason.value}; TTFT {ttft}; decode {rate}; "
+        f"\n-- {s.generated_tokens} tokens, stop: {stop}; TTFT {ttft}; decode {rate}; "
         f"prompt {s.prompt_tokens} tokens ({s.prefilled_tokens} prefilled)",
         file=sys.stderr,
     )
     return 0
+
+
+def _show(shown: str, text: str, quiet: bool) -> str:
+    """Print what `text` adds to what is already on the terminal; return the new total."""
+    if not quiet and len(text) > len(shown):
+        sys.stdout.write(text[len(shown) :])
+        sys.stdout.flush()
+    return text

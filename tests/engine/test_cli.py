@@ -9,6 +9,7 @@ from pathlib import Path
 
 from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams
 from lsp_dscoder.positions import Encoding, offset_at
+from lsp_dscoder.postprocess import CursorContext, Shaper
 from lsp_dscoder.prompt import Budgets, PromptBuilder
 
 SOURCE = 'import os\n\ndef main():\n    s = "😀你好"\n    return s\n'
@@ -45,9 +46,32 @@ def test_complete_json_matches_engine_on_same_prompt(tiny_model: Path, tmp_path:
     with Engine(EngineConfig(model=tiny_model, max_context=4096)) as eng:
         prompt = PromptBuilder(eng.tokenizer, Budgets().fit(4096, 6)).build(SOURCE, cursor)
         ref = eng.complete(CompletionRequest(prompt_ids=prompt.ids, params=SamplingParams(max_tokens=6)))
-    assert got["token_ids"] == list(ref.token_ids) and got["text"] == ref.text
+    shaper = Shaper(CursorContext.at(SOURCE, cursor))
+    shaper.feed(ref.text)
+    assert got["text"] == shaper.finish()  # the editor's stop rules applied to the same tokens
+    assert got["stats"]["stop_rule"] == shaper.rule.value
+    assert got["token_ids"] == list(ref.token_ids[: len(got["token_ids"])])
+    if shaper.rule.value == "none":
+        assert got["token_ids"] == list(ref.token_ids)
+        assert got["stats"]["stop_reason"] in ("max_tokens", "eos")
     assert got["stats"]["prompt_tokens"] == len(prompt.ids)
-    assert got["stats"]["stop_reason"] in ("max_tokens", "eos")
+    raw = cli(
+        "complete",
+        str(src),
+        "--line",
+        "3",
+        "--col",
+        "11",
+        "--max-tokens",
+        "6",
+        "--json",
+        "--raw",
+        "--model",
+        str(tiny_model),
+    )
+    assert raw.returncode == 0, raw.stderr
+    assert json.loads(raw.stdout)["text"] == ref.text
+    assert json.loads(raw.stdout)["token_ids"] == list(ref.token_ids)
 
 
 def test_complete_streams_text_and_prints_timings(tiny_model: Path, tmp_path: Path) -> None:
