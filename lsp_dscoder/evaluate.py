@@ -2,6 +2,7 @@
 
 - line exact match: cursor at a random position inside a random line; the model fills the rest of the
   line (PSM prompt: text before the cursor, hole, text from the line's end), greedy, cut at the newline;
+  the same cases with a left-to-right prompt (no suffix) as a baseline;
 - FIM exact match: one to three whole lines removed; the model must produce exactly them and stop
   (its `<eos>`), greedy;
 - perplexity of `<bos>file<eos>` in windows, with the engine's reference forward (its own logits);
@@ -22,6 +23,7 @@ import math
 import random
 import statistics
 import sysconfig
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -122,14 +124,21 @@ def psm_prompt(tok, case: Case, budgets: Budgets) -> tuple[int, ...]:
     return (tok.bos_id, tok.fim_begin_id, *prefix, tok.fim_hole_id, *suffix, tok.fim_end_id)
 
 
-def exact_match(engine, cases: list[Case], budgets: Budgets, stop: tuple[str, ...], max_tokens: int) -> dict:
+def l2r_prompt(tok, case: Case, budgets: Budgets) -> tuple[int, ...]:
+    """Left to right: `<bos>` and the end of the prefix, no suffix (a baseline for the FIM prompt)."""
+    return (tok.bos_id, *tok.encode(case.prefix)[-budgets.prefix_tokens :])
+
+
+def exact_match(
+    engine, cases: list[Case], prompt: Callable, budgets: Budgets, stop: tuple[str, ...], max_tokens: int
+) -> dict:
     from lsp_dscoder.engine import CompletionRequest, SamplingParams
 
     hits, examples = 0, []
     for case in cases:
         params = SamplingParams(max_tokens=max_tokens, stop=stop)
         done = engine.complete(
-            CompletionRequest(prompt_ids=psm_prompt(engine.tokenizer, case, budgets), params=params)
+            CompletionRequest(prompt_ids=prompt(engine.tokenizer, case, budgets), params=params)
         )
         hit = done.text == case.middle
         hits += hit
@@ -140,7 +149,10 @@ def exact_match(engine, cases: list[Case], budgets: Budgets, stop: tuple[str, ..
 
 @torch.inference_mode()
 def perplexity(folder: Path, docs: list[dict], max_tokens: int, window: int, dtype: torch.dtype) -> dict:
-    """Token-level perplexity of `<bos>file<eos>` windows via the engine's reference forward on CPU."""
+    """Token-level perplexity of `<bos>file<eos>` windows via the engine's reference forward on CPU.
+
+    Files are taken in the given order until max_tokens are scored (pass them shuffled).
+    """
     from lsp_dscoder.engine.config import ModelConfig
     from lsp_dscoder.engine.kv_cache import KVCache
     from lsp_dscoder.engine.model import Transformer
@@ -169,7 +181,7 @@ def ttft(engine, docs: list[dict], runs: int) -> dict:
     """Median time to first token: a fresh 1024-token prompt, then the same prompt + 4 typed tokens."""
     from lsp_dscoder.engine import CompletionRequest, SamplingParams
 
-    tok, cold, warm = engine.tokenizer, [], []
+    tok, cold, warm, prefilled = engine.tokenizer, [], [], []
     texts = [d["text"] for d in docs if len(d["text"]) > 8000][:runs]
     for i, text in enumerate(texts):
         ids = tok.encode(text)
@@ -180,11 +192,17 @@ def ttft(engine, docs: list[dict], runs: int) -> dict:
         params = SamplingParams(max_tokens=1)
         first = engine.complete(CompletionRequest(prompt_ids=prompt, params=params, slot_key=f"ttft{i}"))
         second = engine.complete(CompletionRequest(prompt_ids=typed, params=params, slot_key=f"ttft{i}"))
-        if first.stats.prefilled_tokens != len(prompt) or second.stats.prefilled_tokens != 4:
-            raise RuntimeError(f"unexpected prefix reuse: {first.stats} / {second.stats}")
+        if second.stats.reused_tokens != len(prompt) or second.stats.prefilled_tokens != 4:
+            raise RuntimeError(f"the typed tokens did not reuse the prompt's cache: {second.stats}")
         cold.append(first.stats.ttft_s)
+        prefilled.append(first.stats.prefilled_tokens)  # all but <bos><｜fim▁begin｜>, shared by every prompt
         warm.append(second.stats.ttft_s)
-    return {"prompt_1024_ms": 1e3 * statistics.median(cold), "keystroke_4_ms": 1e3 * statistics.median(warm)}
+    return {
+        "prompt_1024_ms": 1e3 * statistics.median(cold),
+        "prompt_prefilled_tokens": min(prefilled),
+        "keystroke_4_ms": 1e3 * statistics.median(warm),
+        "runs": len(cold),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -200,15 +218,27 @@ def run(args: argparse.Namespace) -> int:
     report: dict = {"model": str(folder), "heldout_files": len(docs), "seed": args.seed, **asdict(budgets)}
     config = EngineConfig(model=folder, device=args.device, dtype=args.dtype, max_context=4096, num_slots=4)
     with Engine(config) as engine:
-        report["line"] = exact_match(engine, line_cases(docs, args.samples, rng), budgets, ("\n",), 48)
-        report["fim"] = exact_match(engine, fim_cases(docs, args.samples, rng), budgets, (), 96)
+        lines = line_cases(docs, args.samples, rng)
+        report["line"] = exact_match(engine, lines, psm_prompt, budgets, ("\n",), 48)
+        report["line_l2r"] = exact_match(engine, lines, l2r_prompt, budgets, ("\n",), 48)
+        report["fim"] = exact_match(engine, fim_cases(docs, args.samples, rng), psm_prompt, budgets, (), 96)
         report["ttft"] = ttft(engine, docs, args.timing_runs)
-    report["ppl"] = perplexity(folder, docs, args.ppl_tokens, args.ppl_window, config.torch_dtype)
+    shuffled = rng.sample(docs, len(docs))
+    report["ppl"] = perplexity(folder, shuffled, args.ppl_tokens, args.ppl_window, config.torch_dtype)
     if args.json:
         print(json.dumps(report, indent=1, ensure_ascii=False))
         return 0
     rows = [
-        ("line exact match", f"{100 * report['line']['exact_match']:.1f}%", f"{args.samples} cases"),
+        (
+            "line exact match",
+            f"{100 * report['line']['exact_match']:.1f}%",
+            f"{args.samples} cases, FIM prompt",
+        ),
+        (
+            "line exact match, no suffix",
+            f"{100 * report['line_l2r']['exact_match']:.1f}%",
+            "left-to-right prompt",
+        ),
         (
             "FIM exact match (1-3 lines)",
             f"{100 * report['fim']['exact_match']:.1f}%",

@@ -232,13 +232,48 @@ def read_docs(path: Path) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+def sources_markdown(manifest: dict) -> str:
+    """The licence record shipped beside the model: every source, its licence, what was used."""
+    lines = [
+        "# Training data sources and licences",
+        "",
+        "Python source files (`*.py`) found on the build machine: the CPython 3.11 standard library and",
+        "the installed distributions whose licence metadata names only permissive licences (SPDX",
+        "expression, else trove classifiers, else the licence field). Vendored code (`_vendor/`,",
+        "`vendored/`, `vendor/`, `third_party/`) was skipped. Written by `python -m",
+        "lsp_dscoder.training.corpus --sources-md`.",
+        "",
+        f"Training split: {manifest['train']['files']} files, {manifest['train']['bytes'] / 1e6:.1f} MB. "
+        f"Held-out split: {manifest['heldout']['files']} files, {manifest['heldout']['bytes'] / 1e6:.1f} MB "
+        "(listed with content hashes in `heldout_files.txt`).",
+        "",
+        "| source | licence (as its metadata states it) | files used | MB used | held out |",
+        "| --- | --- | ---: | ---: | --- |",
+    ]
+    for src in sorted(manifest["sources"], key=lambda s: (s["source"] != "stdlib", s["source"].lower())):
+        licence = src["licence"].replace("|", "/")
+        lines.append(
+            f"| {src['source']} | {licence} | {src['files']} | {src['bytes'] / 1e6:.2f} | {src['heldout']} |"
+        )
+    lines += ["", "Refused (licence not permissive, or not stated as such), none of their files used:", ""]
+    lines += [f"- {r['distribution']}: {r['licence']}" for r in manifest["refused"]]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=Path, default=Path(".train_data"))
     parser.add_argument("--cap-mb", type=float, default=CorpusConfig.cap_bytes_per_source / 1e6)
+    parser.add_argument(
+        "--sources-md", type=Path, default=None, help="write the licence record from OUT/manifest.json"
+    )
     args = parser.parse_args(argv)
+    if args.sources_md is not None and (args.out / "manifest.json").exists():
+        manifest = json.loads((args.out / "manifest.json").read_text())
+        args.sources_md.write_text(sources_markdown(manifest), encoding="utf-8")
+        return 0
     manifest = build(CorpusConfig(cap_bytes_per_source=int(args.cap_mb * 1e6)), args.out)
     for split in ("train", "heldout"):
         size = (args.out / f"{split}.jsonl.xz").stat().st_size
@@ -246,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{split}: {info['files']} files, {info['bytes'] / 1e6:.1f} MB text, {size / 2**20:.1f} MiB xz")
     refused = ", ".join(r["distribution"] for r in manifest["refused"])
     print(f"sources: {len(manifest['sources'])}, refused: {refused}")
+    if args.sources_md is not None:
+        args.sources_md.write_text(sources_markdown(manifest), encoding="utf-8")
     return 0
 
 
