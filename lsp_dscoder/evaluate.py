@@ -2,7 +2,8 @@
 
 - line exact match: cursor at a random position inside a random line; the model fills the rest of the
   line (PSM prompt: text before the cursor, hole, text from the line's end), greedy, cut at the newline;
-  the same cases with a left-to-right prompt (no suffix) as a baseline;
+  the same cases with the server's layout (hole at the line start, the line up to the cursor after
+  `<｜fim▁end｜>`) and with a left-to-right prompt (no suffix) as a baseline;
 - FIM exact match: one to three whole lines removed; the model must produce exactly them and stop
   (its `<eos>`), greedy;
 - perplexity of `<bos>file<eos>` in windows, with the engine's reference forward (its own logits);
@@ -124,6 +125,14 @@ def psm_prompt(tok, case: Case, budgets: Budgets) -> tuple[int, ...]:
     return (tok.bos_id, tok.fim_begin_id, *prefix, tok.fim_hole_id, *suffix, tok.fim_end_id)
 
 
+def anchored_prompt(tok, case: Case, budgets: Budgets) -> tuple[int, ...]:
+    """The server's layout: the hole at the start of the cursor's line (the edit anchor), and the line's
+    text up to the cursor after `<｜fim▁end｜>`, as the middle typed so far."""
+    start = case.prefix.rfind("\n") + 1
+    head = Case(case.source, case.prefix[:start], case.middle, case.suffix)
+    return psm_prompt(tok, head, budgets) + tuple(tok.encode(case.prefix[start:]))
+
+
 def l2r_prompt(tok, case: Case, budgets: Budgets) -> tuple[int, ...]:
     """Left to right: `<bos>` and the end of the prefix, no suffix (a baseline for the FIM prompt)."""
     return (tok.bos_id, *tok.encode(case.prefix)[-budgets.prefix_tokens :])
@@ -220,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
     with Engine(config) as engine:
         lines = line_cases(docs, args.samples, rng)
         report["line"] = exact_match(engine, lines, psm_prompt, budgets, ("\n",), 48)
+        report["line_anchored"] = exact_match(engine, lines, anchored_prompt, budgets, ("\n",), 48)
         report["line_l2r"] = exact_match(engine, lines, l2r_prompt, budgets, ("\n",), 48)
         report["fim"] = exact_match(engine, fim_cases(docs, args.samples, rng), psm_prompt, budgets, (), 96)
         report["ttft"] = ttft(engine, docs, args.timing_runs)
@@ -228,30 +238,20 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=1, ensure_ascii=False))
         return 0
+    em = {
+        key: f"{100 * report[key]['exact_match']:.1f}%"
+        for key in ("line", "line_anchored", "line_l2r", "fim")
+    }
+    ppl, times = report["ppl"], report["ttft"]
     rows = [
-        (
-            "line exact match",
-            f"{100 * report['line']['exact_match']:.1f}%",
-            f"{args.samples} cases, FIM prompt",
-        ),
-        (
-            "line exact match, no suffix",
-            f"{100 * report['line_l2r']['exact_match']:.1f}%",
-            "left-to-right prompt",
-        ),
-        (
-            "FIM exact match (1-3 lines)",
-            f"{100 * report['fim']['exact_match']:.1f}%",
-            f"{args.samples} cases",
-        ),
-        ("perplexity (tokens)", f"{report['ppl']['perplexity']:.3f}", f"{report['ppl']['tokens']} tokens"),
-        ("bits per character", f"{report['ppl']['bits_per_char']:.3f}", ""),
-        (
-            "TTFT, 1024-token prompt",
-            f"{report['ttft']['prompt_1024_ms']:.0f} ms",
-            f"{args.device} {args.dtype}",
-        ),
-        ("TTFT, +4 typed tokens", f"{report['ttft']['keystroke_4_ms']:.0f} ms", "prefix reused"),
+        ("line exact match, FIM prompt", em["line"], f"{args.samples} cases, hole at the cursor"),
+        ("line exact match, anchored", em["line_anchored"], "the server's layout: hole at the line start"),
+        ("line exact match, no suffix", em["line_l2r"], "left-to-right prompt"),
+        ("FIM exact match (1-3 lines)", em["fim"], f"{args.samples} cases"),
+        ("perplexity (tokens)", f"{ppl['perplexity']:.3f}", f"{ppl['tokens']} tokens"),
+        ("bits per character", f"{ppl['bits_per_char']:.3f}", ""),
+        ("TTFT, 1024-token prompt", f"{times['prompt_1024_ms']:.0f} ms", f"{args.device} {args.dtype}"),
+        ("TTFT, +4 typed tokens", f"{times['keystroke_4_ms']:.0f} ms", "prefix reused"),
     ]
     print(f"{folder} on {len(docs)} held-out files, seed {args.seed}")
     for name, value, note in rows:
