@@ -176,10 +176,15 @@ class Engine:
         self.max_context = config.max_context
         report("allocating KV cache", 0, 1)
         fast = config.fast_path
+        head_dim = self.model_config.head_dim
+        kernels_fit = head_dim >= 16 and head_dim & (head_dim - 1) == 0  # Triton tiles span a whole head
         if fast is None:
-            fast = self.device.type == "cuda" and _triton_available()
-        if fast and self.device.type != "cuda":
-            raise EngineError("the fast path needs a CUDA device (use the reference path on CPU)")
+            fast = self.device.type == "cuda" and _triton_available() and kernels_fit
+        elif fast and (self.device.type != "cuda" or not kernels_fit):
+            raise EngineError(
+                "the fast path needs a CUDA device and a head_dim that is a power of two >= 16 "
+                f"(device {config.device}, head_dim {head_dim}); use the reference path"
+            )
         if fast:  # imported here: Triton is an optional dependency, needed only on CUDA
             from lsp_dscoder.engine.fast import BUCKETS, FastRunner
         pad = max(BUCKETS) if fast else 0
@@ -188,9 +193,16 @@ class Engine:
         )
         self.model = Transformer(self.model_config, weights, self.cache.capacity)
         self.runner = ReferenceRunner(self.model, self.cache)
+        self.fast_path = False
         if fast:
-            self.runner = FastRunner(self.model, self.cache)
-            self.runner.capture(report)
+            try:
+                runner = FastRunner(self.model, self.cache)
+                runner.capture(report)
+                self.runner, self.fast_path = runner, True
+            except Exception as e:  # a kernel that fails to build here must not cost the user the engine
+                if config.fast_path:
+                    raise EngineError(f"the fast path failed to start: {e}") from e
+                log.error("fast path unavailable (%s); serving with the reference path", e)
         report("ready", 1, 1)
         self._queue: queue.Queue[CompletionHandle | None] = queue.Queue()
         self._closed = False

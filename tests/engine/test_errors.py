@@ -155,3 +155,10 @@ def test_repo_id_resolves_from_local_hf_cache(tiny_model: Path, tmp_path: Path, 
     assert resolve_model("deepseek-ai/deepseek-coder-1.3b-base") == snap
     with pytest.raises(CheckpointError, match="model folder ./no/such/dir does not exist"):
         resolve_model("./no/such/dir")
+
+
+def test_fast_path_on_cpu_is_refused_clearly(tiny_model: Path) -> None:
+    with pytest.raises(EngineError, match="the fast path needs a CUDA device"):
+        Engine(EngineConfig(model=tiny_model, max_context=64, fast_path=True))
+    with Engine(EngineConfig(model=tiny_model, max_context=64)) as eng:  # auto: the reference path on CPU
+        assert eng.fast_path is False
