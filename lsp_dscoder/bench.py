@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,30 +71,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _events(fn, reps: int) -> float:
-    """Median GPU milliseconds of fn() over reps runs (after one warm-up)."""
-    fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+    """Median GPU milliseconds of fn() over reps runs (after warm-up)."""
+    from lsp_dscoder.kernels.check_gpu import median_ms
+
+    return median_ms(fn, reps)
 
 
 def measure_floors() -> dict:
-    n = 8192
-    a, b = (
-        torch.randn(n, n, device="cuda", dtype=torch.bfloat16),
-        torch.randn(n, n, device="cuda", dtype=torch.bfloat16),
-    )
-    gemm_ms = _events(lambda: a @ b, 10)
-    src = torch.randn(2**29, device="cuda", dtype=torch.bfloat16)  # 1 GiB
-    dst = torch.empty_like(src)
-    copy_ms = _events(lambda: dst.copy_(src), 10)
-    return {"gemm_tflops": 2 * n**3 / gemm_ms / 1e9, "copy_tbps": 2 * src.numel() * 2 / copy_ms / 1e9}
+    """The measured ceilings (the kernels' check uses the same measurement)."""
+    from lsp_dscoder.kernels.check_gpu import measure_floors as floors
+
+    copy_bps, gemm_flops = floors(torch.device("cuda"))
+    return {"gemm_tflops": gemm_flops / 1e12, "copy_tbps": copy_bps / 1e12}
 
 
 def floor_ms(cfg: ModelConfig, new: int, prefix: int, floors: dict) -> tuple[float, str]:
