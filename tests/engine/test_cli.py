@@ -25,7 +25,7 @@ def test_complete_json_matches_engine_on_same_prompt(tiny_model: Path, tmp_path:
     src = tmp_path / "sample.py"
     src.write_text(SOURCE, encoding="utf-8")
     # line 3, UTF-16 column 11: after `    s = "😀` (the emoji counts 2 units)
-    out = cli(
+    args = (
         "complete",
         str(src),
         "--line",
@@ -38,6 +38,7 @@ def test_complete_json_matches_engine_on_same_prompt(tiny_model: Path, tmp_path:
         "--model",
         str(tiny_model),
     )
+    out = cli(*args)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert set(got) == {"text", "token_ids", "stats"}
@@ -55,20 +56,7 @@ def test_complete_json_matches_engine_on_same_prompt(tiny_model: Path, tmp_path:
         assert got["token_ids"] == list(ref.token_ids)
         assert got["stats"]["stop_reason"] in ("max_tokens", "eos")
     assert got["stats"]["prompt_tokens"] == len(prompt.ids)
-    raw = cli(
-        "complete",
-        str(src),
-        "--line",
-        "3",
-        "--col",
-        "11",
-        "--max-tokens",
-        "6",
-        "--json",
-        "--raw",
-        "--model",
-        str(tiny_model),
-    )
+    raw = cli(*args, "--raw")
     assert raw.returncode == 0, raw.stderr
     assert json.loads(raw.stdout)["text"] == ref.text
     assert json.loads(raw.stdout)["token_ids"] == list(ref.token_ids)
