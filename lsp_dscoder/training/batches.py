@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from lsp_dscoder.training.fim import (
+    LINE_CUT_RATE,
     FimPlacement,
     SpecialIds,
     encode_documents,
@@ -30,35 +31,55 @@ class DataConfig:
     seq_len: int = 2048
     batch_size: int = 64  # sequences per step
     fim_rate: float = 0.5
+    fim_line_rate: float = LINE_CUT_RATE  # FIM examples cut at line boundaries (see fim.fim_split)
+    fim_piece_tokens: int | None = None  # FIM each piece of at most this many tokens (see fim.fim_windows)
     fim_placement: FimPlacement = FimPlacement.WINDOW
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.seq_len <= 1 or self.batch_size <= 0:
             raise ValueError(f"seq_len must be > 1 and batch_size > 0, got {self.seq_len}, {self.batch_size}")
-        if not 0 <= self.fim_rate <= 1:
-            raise ValueError(f"fim_rate must be in [0, 1], got {self.fim_rate}")
+        if self.fim_piece_tokens is not None and self.fim_piece_tokens < 8:
+            raise ValueError(f"fim_piece_tokens must be at least 8, got {self.fim_piece_tokens}")
+        for name in ("fim_rate", "fim_line_rate"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
 
 def documents(
-    tok, texts: list[str], ids: SpecialIds, cfg: DataConfig, rng: random.Random, fim_rate: float
+    tok,
+    texts: list[str],
+    ids: SpecialIds,
+    cfg: DataConfig,
+    rng: random.Random,
+    fim_rate: float,
+    cache: dict[str, np.ndarray] | None = None,
 ) -> Iterator[np.ndarray]:
     """Token ids of each text in order (FIM-transformed here only with FimPlacement.DOCUMENT)."""
     for start in range(0, len(texts), 256):
         chunk = texts[start : start + 256]
         if cfg.fim_placement is FimPlacement.DOCUMENT:
-            docs = encode_documents(tok, chunk, ids, rng, fim_rate)
+            docs = encode_documents(tok, chunk, ids, rng, fim_rate, cfg.fim_line_rate)
         else:
-            docs = encode_plain(tok, chunk, ids)
+            docs = encode_plain(tok, chunk, ids, cache)
         yield from docs
 
 
 def packed(
-    tok, texts: list[str], ids: SpecialIds, cfg: DataConfig, rng: random.Random, fim_rate: float
+    tok,
+    texts: list[str],
+    ids: SpecialIds,
+    cfg: DataConfig,
+    rng: random.Random,
+    fim_rate: float,
+    cache: dict[str, np.ndarray] | None = None,
 ) -> Iterator[list[np.ndarray]]:
-    """Groups of cfg.batch_size windows of cfg.seq_len tokens (the last group may be shorter)."""
+    """Groups of cfg.batch_size windows of cfg.seq_len tokens (the last group may be shorter).
+
+    cache (text -> its plain token ids) saves encoding the same files again in every epoch.
+    """
     rows: list[np.ndarray] = []
-    for window in pack(documents(tok, texts, ids, cfg, rng, fim_rate), cfg.seq_len):
+    for window in pack(documents(tok, texts, ids, cfg, rng, fim_rate, cache), cfg.seq_len):
         rows.append(window)
         if len(rows) == cfg.batch_size:
             yield finish(tok, rows, ids, cfg, rng, fim_rate)
@@ -71,7 +92,7 @@ def finish(
     tok, rows: list[np.ndarray], ids: SpecialIds, cfg: DataConfig, rng: random.Random, fim_rate: float
 ) -> list[np.ndarray]:
     if cfg.fim_placement is FimPlacement.WINDOW:
-        return fim_windows(tok, rows, ids, rng, fim_rate)
+        return fim_windows(tok, rows, ids, rng, fim_rate, cfg.fim_line_rate, cfg.fim_piece_tokens)
     return rows
 
 
@@ -83,6 +104,7 @@ class Batches:
         self.queue: queue.Queue = queue.Queue(maxsize=16)
         self.stop = threading.Event()
         self.epochs_done = 0
+        self.cache: dict[str, np.ndarray] = {}  # each file's plain token ids, encoded in the first epoch
         self.thread = threading.Thread(target=self._run, name="batches", daemon=True)
         self.thread.start()
 
@@ -101,7 +123,7 @@ class Batches:
             rng = random.Random(self.cfg.seed * 1_000_003 + epoch)
             order = list(self.texts)
             rng.shuffle(order)
-            for rows in packed(self.tok, order, self.ids, self.cfg, rng, self.cfg.fim_rate):
+            for rows in packed(self.tok, order, self.ids, self.cfg, rng, self.cfg.fim_rate, self.cache):
                 if len(rows) < self.cfg.batch_size:
                     break
                 batch = torch.from_numpy(np.stack(rows).astype(np.int64))  # (B, T)

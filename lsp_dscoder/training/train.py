@@ -40,6 +40,7 @@ from lsp_dscoder.training.checkpoint import (
 )
 from lsp_dscoder.training.corpus import read_docs
 from lsp_dscoder.training.fim import FimPlacement, SpecialIds
+from lsp_dscoder.training.probe import fim_probe, format_probe, probe_examples
 
 
 @dataclass(frozen=True)
@@ -56,13 +57,18 @@ class TrainConfig:
     compile: bool = True
     rope: RopeSettings = field(default_factory=RopeSettings)
     log_every: int = 50
+    junction_weight: float = 1.0  # loss weight of the first middle token and the middle's <eos>
+    probe_every: int = 500  # steps between infilling probes on held-out files (see probe.py)
+    probe_examples: int = 48  # per kind of hole
 
     def __post_init__(self) -> None:
-        for name in ("warmup_steps", "log_every"):
+        for name in ("warmup_steps", "log_every", "probe_every"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.data.seq_len > self.rope.max_position_embeddings:
             raise ValueError(f"seq_len {self.data.seq_len} exceeds max_position_embeddings")
+        if self.junction_weight <= 0:
+            raise ValueError(f"junction_weight must be positive, got {self.junction_weight}")
 
 
 def lr_at(step: int, total_steps: int | None, cfg: TrainConfig) -> float:
@@ -85,11 +91,40 @@ def autocast(device: torch.device):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
-def forward_backward(model, x: torch.Tensor, device: torch.device) -> torch.Tensor:
+def junction_mask(x: torch.Tensor, ids: SpecialIds) -> torch.Tensor:
+    """(B, T-1) bool: the targets x[:, 1:] where infilling differs from left-to-right completion: the
+    first middle token (right after `<｜fim▁end｜>`) and the `<eos>` that closes a middle."""
+    first = x[:, :-1] == ids.fim_end
+    special = (
+        (x == ids.bos) | (x == ids.eos) | (x == ids.fim_begin) | (x == ids.fim_hole) | (x == ids.fim_end)
+    )
+    positions = torch.arange(x.shape[1], device=x.device).expand_as(x)
+    last = torch.where(special, positions, -1).cummax(dim=1).values  # last special token at or before t
+    before = last[:, :-1]  # for the target at t + 1: the last special token up to t
+    in_middle = (before >= 0) & (x.gather(1, before.clamp(min=0)) == ids.fim_end)
+    return first | ((x[:, 1:] == ids.eos) & in_middle)
+
+
+def forward_backward(
+    model, x: torch.Tensor, device: torch.device, ids: SpecialIds, junction_weight: float
+) -> torch.Tensor:
+    """Backpropagate the next-token loss; returns the plain mean loss (what is logged).
+
+    With junction_weight != 1 the junction targets (`junction_mask`) weigh that much more in the
+    gradient: each infilling example has only two of them among thousands of tokens.
+    """
     with autocast(device):
-        loss = model(input_ids=x, labels=x).loss
-    loss.backward()
-    return loss
+        if junction_weight == 1:
+            loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            return loss
+        logits = model(input_ids=x).logits[:, :-1]
+    nll = torch.nn.functional.cross_entropy(
+        logits.float().flatten(0, 1), x[:, 1:].flatten(), reduction="none"
+    ).view(x.shape[0], -1)
+    weights = 1 + (junction_weight - 1) * junction_mask(x, ids).float()
+    (nll * weights).mean().backward()
+    return nll.mean().detach()
 
 
 @torch.no_grad()
@@ -141,6 +176,21 @@ def train(args: argparse.Namespace, cfg: TrainConfig, start: float) -> dict:
                 f"{args.init} has {config.vocab_size} tokens, the tokenizer {tok.get_vocab_size()}"
             )
     model.config.use_cache = False
+    probes = (
+        probe_examples(tok, heldout, cfg.probe_examples, seed=cfg.data.seed) if cfg.probe_examples else []
+    )
+    probe_history: list[dict] = []
+    probe_s = 0.0  # time spent probing, left out of the training budget
+
+    def probe(at_step: int) -> None:
+        nonlocal probe_s
+        if probes:
+            began = time.time()
+            result = fim_probe(model, probes, ids, device)
+            probe_s += time.time() - began
+            probe_history.append({"step": at_step, **result})
+            print(f"probe step {at_step}: {format_probe(result)}", flush=True)
+
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M parameters, from {args.init or args.shape}", flush=True)
     step_model = torch.compile(model) if cfg.compile else model
@@ -149,8 +199,10 @@ def train(args: argparse.Namespace, cfg: TrainConfig, start: float) -> dict:
     history, step, total_steps, tokens, timed_from, data_wait_s = [], 0, cfg.max_steps, 0, None, 0.0
     running = torch.zeros((), device=device)
     print(f"setup done at {time.time() - start:.1f}s", flush=True)
+    if args.init is not None:
+        probe(0)
     while True:
-        elapsed = time.time() - start
+        elapsed = time.time() - start - probe_s
         if (total_steps is not None and step >= total_steps) or elapsed > cfg.budget_s:
             break
         waited = time.time()
@@ -160,14 +212,14 @@ def train(args: argparse.Namespace, cfg: TrainConfig, start: float) -> dict:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, total_steps, cfg)
         try:
-            loss = forward_backward(step_model, x, device)
+            loss = forward_backward(step_model, x, device, ids, cfg.junction_weight)
         except Exception as exc:  # a compiler failure must not cost the run: continue uncompiled
             if step_model is model:
                 raise
             print(f"torch.compile failed ({type(exc).__name__}: {exc}); continuing eagerly", flush=True)
             step_model = model
             opt.zero_grad(set_to_none=True)
-            loss = forward_backward(step_model, x, device)
+            loss = forward_backward(step_model, x, device, ids, cfg.junction_weight)
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -181,7 +233,7 @@ def train(args: argparse.Namespace, cfg: TrainConfig, start: float) -> dict:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             step_s = (time.time() - timed_from[0]) / (step - timed_from[1])
-            total_steps = step + int((cfg.budget_s - (time.time() - start)) / step_s)
+            total_steps = step + int((cfg.budget_s - (time.time() - start - probe_s)) / step_s)
             print(f"{step_s * 1e3:.1f} ms/step: schedule set to {total_steps} steps", flush=True)
         if step % cfg.log_every == 0 or step == total_steps:
             mean = running.item() / (cfg.log_every if step % cfg.log_every == 0 else step % cfg.log_every)
@@ -202,11 +254,14 @@ def train(args: argparse.Namespace, cfg: TrainConfig, start: float) -> dict:
                 f"{rate / 1e3:.0f}k tok/s (overall) {time.time() - start:.0f}s, data wait {data_wait_s:.1f}s",
                 flush=True,
             )
+        if step % cfg.probe_every == 0 and step != total_steps:
+            probe(step)
     batches.close()
     train_s = time.time() - start
     model.eval()
     round_to_bf16(model)
     save(model, config, args.out, args.max_shard_mb * 1_000_000)  # first: the weights must come back
+    probe(step)
     results = {
         "heldout_plain": heldout_loss(model, tok, heldout, ids, cfg.data, device, fim_rate=0.0),
         "heldout_fim": heldout_loss(model, tok, heldout, ids, cfg.data, device, fim_rate=1.0),
@@ -226,6 +281,7 @@ def train(args: argparse.Namespace, cfg: TrainConfig, start: float) -> dict:
         "train_files": len(texts),
         "heldout_files": len(heldout),
         "history": history,
+        "probe_history": probe_history,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         **results,
@@ -243,11 +299,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="bundled")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max-shard-mb", type=float, default=14.0, help="each file comes back <= 16 MiB")
-    data_fields = ("seq_len", "batch_size", "seed")
-    train_fields = ("budget_s", "lr", "warmup_steps", "max_steps", "log_every")
+    data_fields = ("seq_len", "batch_size", "seed", "fim_line_rate", "fim_piece_tokens")
+    train_fields = (
+        "budget_s",
+        "lr",
+        "junction_weight",
+        "warmup_steps",
+        "max_steps",
+        "log_every",
+        "probe_every",
+        "probe_examples",
+    )
     defaults = {**asdict(DataConfig()), **asdict(TrainConfig())}
     for name in data_fields + train_fields:
-        kind = int if name == "max_steps" else type(defaults[name])
+        kind = int if name in ("max_steps", "fim_piece_tokens") else type(defaults[name])
         parser.add_argument("--" + name.replace("_", "-"), type=kind, default=defaults[name])
     parser.add_argument("--init", type=Path, default=None, help="continue from this checkpoint folder")
     parser.add_argument("--fim-placement", choices=[p.value for p in FimPlacement], default="window")
@@ -265,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
     log["total_s"] = time.time() - start
     (args.out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
     keys = ("steps", "tokens", "train_s", "heldout_plain", "heldout_fim", "reload_max_abs_diff")
+    if log["probe_history"]:
+        print(
+            f"final probe: {format_probe({k: v for k, v in log['probe_history'][-1].items() if k != 'step'})}"
+        )
     print(json.dumps({k: log[k] for k in keys}))
     return 0
 
