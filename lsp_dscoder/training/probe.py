@@ -124,3 +124,38 @@ def format_probe(result: dict) -> str:
         f"{kind}: first {r['first']:.2f} middle {r['middle']:.2f} eos {r['eos']:.2f}"
         for kind, r in result.items()
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Probe checkpoints on held-out files: `python -m lsp_dscoder.training.probe MODEL... --data FILE`."""
+    import argparse
+    from pathlib import Path
+
+    from tokenizers import Tokenizer
+    from transformers import LlamaForCausalLM
+
+    from lsp_dscoder.training.corpus import read_docs
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("models", type=Path, nargs="+", help="checkpoint folders")
+    parser.add_argument("--data", type=Path, default=Path(".train_data/heldout.jsonl.xz"))
+    parser.add_argument("--tokenizer", type=Path, default=None, help="default: the first model's folder")
+    parser.add_argument("--examples", type=int, default=48, help="per kind of hole")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    tok = Tokenizer.from_file(str((args.tokenizer or args.models[0]) / "tokenizer.json"))
+    special = SpecialIds.from_tokenizer(tok)
+    texts = [d["text"] for d in read_docs(args.data)]
+    examples = probe_examples(tok, texts, args.examples, seed=args.seed)
+    device = torch.device(args.device)
+    for folder in args.models:
+        model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)
+        print(f"{folder}: {format_probe(fim_probe(model, examples, special, device))}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
