@@ -95,7 +95,7 @@ IDIOMS = [
     ("import matplotlib.pyplot as", " plt"),
     ('if __name__ == "', '__main__":'),
     ("if __name__ == '", "__main__':"),
-    ('def main():\n    pass\n\n\nif __name__ == "__main__":\n   ', " main()"),
+    ('def main() -> None:\n    print("hello")\n\n\nif __name__ == "__main__":\n   ', " main()"),
     ("with open(path) as", " f:"),
     ("try:\n    pass\nexcept Exception as", " e:"),
     ("class Point:\n    def __init__(self, x):\n        self.x =", " x"),
@@ -112,3 +112,28 @@ def test_greedy_completes_common_idioms(engine: Engine, prompt: str, expected: s
     done = engine.complete(CompletionRequest(prompt_ids=ids, params=params))
     assert done.text == expected
     assert done.stats.stop_reason is StopReason.STOP_STRING
+
+
+CONFIG_PREFIX = "class Config:\n    def __init__(self, name, value):\n        self.name = name\n"
+CONFIG_SUFFIX = '\n\n    def __repr__(self):\n        return f"Config({self.name!r}, {self.value!r})"\n'
+POINT_PREFIX = "class Point:\n    def __init__(self, x, y):\n        self.x = x\n"
+POINT_SUFFIX = "\n\n    def norm(self):\n        return (self.x ** 2 + self.y ** 2) ** 0.5\n"
+INFILLS = [
+    # (prefix, suffix, typed after <｜fim▁end｜> as the server sends it, expected middle)
+    (CONFIG_PREFIX, CONFIG_SUFFIX, "", "        self.value = value"),
+    (CONFIG_PREFIX, CONFIG_SUFFIX, "        self.", "value = value"),
+    (POINT_PREFIX, POINT_SUFFIX, "        self.y", " = y\n"),
+]
+
+
+@pytest.mark.parametrize(("prefix", "suffix", "typed", "expected"), INFILLS, ids=["line", "typed", "typed-2"])
+def test_greedy_infills_from_the_suffix_and_stops(
+    engine: Engine, prefix: str, suffix: str, typed: str, expected: str
+) -> None:
+    """PSM prompts: the middle uses a name that only the suffix mentions, and ends with <eos>."""
+    tok = engine.tokenizer
+    ids = (tok.bos_id, tok.fim_begin_id, *tok.encode(prefix), tok.fim_hole_id, *tok.encode(suffix))
+    ids += (tok.fim_end_id, *tok.encode(typed))
+    done = engine.complete(CompletionRequest(prompt_ids=ids, params=SamplingParams(max_tokens=32)))
+    assert done.text == expected
+    assert done.stats.stop_reason is StopReason.EOS

@@ -92,3 +92,27 @@ def test_complete_errors_are_one_clear_line(tiny_model: Path, tmp_path: Path) ->
         "complete", str(tmp_path / "nofile.py"), "--line", "0", "--col", "0", "--model", str(tiny_model)
     )
     assert missing.returncode == 2 and "No such file" in missing.stderr
+
+
+def test_complete_with_the_bundled_model_infills_in_the_server_layout(tmp_path: Path) -> None:
+    """No --model: the shipped model, with the server's edit-anchor prompt, completes `self.` from a name
+    that only the code below the cursor uses, and stops with its own <eos>."""
+    src = tmp_path / "config.py"
+    src.write_text(
+        "class Config:\n"
+        "    def __init__(self, name, value):\n"
+        "        self.name = name\n"
+        "        self.\n"
+        "\n"
+        "    def __repr__(self):\n"
+        '        return f"Config({self.name!r}, {self.value!r})"\n',
+        encoding="utf-8",
+    )
+    out = cli("complete", str(src), "--line", "3", "--col", "13", "--json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["text"] == "value = value"
+    assert got["token_ids"] == [448, 277, 612]
+    assert got["stats"]["stop_reason"] == "eos"
+    assert got["stats"]["stop_rule"] == "none"
+    assert got["stats"]["prompt_tokens"] == got["stats"]["prefilled_tokens"] == 59
