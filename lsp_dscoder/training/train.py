@@ -9,11 +9,12 @@ train_log.json, all to --out. Seeded.
     # end-to-end check on CPU with a tiny model (a minute):
     python -m lsp_dscoder.training.train --shape tiny --device cpu --seq-len 128 --batch-size 8 \\
         --max-steps 12 --warmup-steps 2 --heldout-limit 3 --max-shard-mb 1 --out /tmp/tiny-run
-    # from scratch on one H200 (data carried in .train_data), about 8 minutes:
-    python -m lsp_dscoder.training.train --budget-s 465 --out "$OUT"
-    # continue a checkpoint, e.g. the bundled one:
-    python -m lsp_dscoder.training.train --init lsp_dscoder/bundled --lr 6e-4 --warmup-steps 50 \\
-        --budget-s 180 --out "$OUT"
+    # the bundled model, on one H200 with the corpus in .train_data (see bundled/MODEL_CARD.md):
+    # stage 1 from scratch, then stage 2 with one infilling example per piece of at most 1024
+    # tokens and the junction targets weighted 5x
+    python -m lsp_dscoder.training.train --budget-s 480 --out stage1
+    python -m lsp_dscoder.training.train --init stage1 --lr 1e-3 --warmup-steps 50 \\
+        --fim-piece-tokens 1024 --junction-weight 5 --budget-s 470 --out stage2
 """
 
 from __future__ import annotations
