@@ -151,7 +151,7 @@ class DscoderServer(LanguageServer):
         ok = await self.host.load(self.settings, report)
         self.completer.engine_changed()
         message = "ready" if ok else f"failed: {self.host.error}"
+        if not ok:  # before the progress ends: a client that sees the end has the reason too
+            self.show(f"dscoder: the model did not load: {self.host.error}", types.MessageType.Error)
         if token is not None:
             self.work_done_progress.end(token, types.WorkDoneProgressEnd(message=message))
-        if not ok:
-            self.show(f"dscoder: the model did not load: {self.host.error}", types.MessageType.Error)
