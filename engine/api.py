@@ -42,6 +42,11 @@ class SamplingParams:
 class CompletionRequest:
     """A prompt already in token ids, how to decode it, and which cache slot it prefers.
 
+    `heal_text` is token healing: the caller left the prompt's last token(s) out, and generation is
+    constrained to tokens that spell that text first, so that the model can pick the token the text
+    belongs to (`self.va` continues as `value`, not as `va` + `lue`). The healed characters are not
+    part of the completion's text; the tokens that spell them are in its `token_ids`.
+
     `deadline` is an absolute `time.monotonic()` value; generation stops with
     StopReason.DEADLINE once it passes. `slot_key` (e.g. a document URI) is a hint: the slot with the
     longest common prefix wins, ties go to the slot last used with this key.
@@ -51,6 +56,7 @@ class CompletionRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     slot_key: str | None = None
     deadline: float | None = None
+    heal_text: str = ""  # text the completion must start with, left out of its text (token healing)
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class TokenEvent:
     index: int
     token_id: int | None
     text: str
+    piece: str | None = None  # the token's own text as decoded, healed characters included; None: flush
 
 
 @dataclass(frozen=True)

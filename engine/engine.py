@@ -238,6 +238,9 @@ class Engine:
             raise EngineError(
                 f"token id {bad[0]} is outside the vocabulary (0..{self.model_config.vocab_size - 1})"
             )
+        heal = request.heal_text
+        if any(not self.tokenizer.healing_candidates(heal[i:]) for i in range(len(heal))):
+            raise EngineError(f"heal_text {heal!r} cannot be spelled by whole tokens of this vocabulary")
         handle = CompletionHandle(request)
         with self._lock:
             self._counters["requests"] += 1

@@ -40,6 +40,14 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Ge
     return int(torch.multinomial(probs, 1, generator=gen).item())
 
 
+def restrict(logits: torch.Tensor, allowed: tuple[int, ...]) -> torch.Tensor:
+    """A copy of `logits` (..., V) in which only the `allowed` token ids keep their values."""
+    index = torch.tensor(allowed, dtype=torch.long, device=logits.device)
+    out = torch.full_like(logits, float("-inf"))
+    out[..., index] = logits[..., index]
+    return out
+
+
 class StopStringFilter:
     """Holds back text that may be the start of a stop string; cuts the text at the first stop string."""
 
@@ -111,10 +119,13 @@ def generate(
     out: list[int] = []
     ttft: float | None = None
     first_at = time.perf_counter()
+    heal = request.heal_text  # still to be spelled by the generated tokens, and not emitted
     while stop is None:
         if len(out) >= params.max_tokens:
             stop = StopReason.MAX_TOKENS
             break
+        if heal:
+            logits = restrict(logits, tokenizer.healing_candidates(heal))
         token = sample(
             logits.to("cpu") if params.temperature > 0 else logits, params.temperature, params.top_p, gen
         )
@@ -125,8 +136,12 @@ def generate(
             stop = StopReason.EOS
             break
         out.append(token)
-        text, hit = stops.push(decoder.push(token))
-        emit(TokenEvent(index=len(out) - 1, token_id=token, text=text))
+        piece = visible = decoder.push(token)
+        if heal:  # candidates decode whole: the piece spells (part of) what is left to heal
+            n = min(len(heal), len(piece))
+            heal, visible = heal[n:], piece[n:]
+        text, hit = stops.push(visible)
+        emit(TokenEvent(index=len(out) - 1, token_id=token, text=text, piece=piece))
         if hit:
             stop = StopReason.STOP_STRING
         elif len(out) >= params.max_tokens:

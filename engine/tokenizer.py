@@ -3,7 +3,10 @@ never splits a multi-byte UTF-8 character."""
 
 from __future__ import annotations
 
+import bisect
 import json
+import threading
+from collections import OrderedDict
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
@@ -46,6 +49,9 @@ class Tokenizer:
         self.fim_hole_id = self._lookup(FIM_HOLE, folder)
         self.fim_end_id = self._lookup(FIM_END, folder)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self._heal_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None
+        self._heal_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._heal_lock = threading.Lock()  # used from the engine thread and from submitting threads
 
     def _lookup(self, name: str, folder: Path) -> int:
         token_id = self._tok.token_to_id(name)
@@ -65,6 +71,34 @@ class Tokenizer:
 
     def token_text(self, token_id: int) -> str:
         return self._tok.id_to_token(token_id) or ""
+
+    def healing_candidates(self, text: str) -> tuple[int, ...]:
+        """Tokens that may come first when the output must begin with `text`: those whose text starts
+        with it, and those whose text is a shorter non-empty prefix of it. Tokens that decode to part
+        of a UTF-8 character, or to nothing (special tokens, `<eos>` included), are never candidates.
+        The vocabulary index is built on first use."""
+        with self._heal_lock:
+            return self._healing_candidates(text)
+
+    def _healing_candidates(self, text: str) -> tuple[int, ...]:
+        cached = self._heal_cache.get(text)
+        if cached is not None:
+            self._heal_cache.move_to_end(text)
+            return cached
+        if self._heal_index is None:
+            texts = self._tok.decode_batch([[i] for i in range(self.vocab_size)], skip_special_tokens=True)
+            entries = sorted((t, i) for i, t in enumerate(texts) if t and "\ufffd" not in t)
+            by_text: dict[str, list[int]] = {}
+            for t, i in entries:
+                by_text.setdefault(t, []).append(i)
+            self._heal_index = ([t for t, _ in entries], [i for _, i in entries], by_text)
+        keys, ids, by_text = self._heal_index
+        lo, hi = bisect.bisect_left(keys, text), bisect.bisect_left(keys, text + "\U0010ffff")
+        found = tuple(ids[lo:hi]) + tuple(i for k in range(1, len(text)) for i in by_text.get(text[:k], ()))
+        self._heal_cache[text] = found
+        if len(self._heal_cache) > 256:
+            self._heal_cache.popitem(last=False)
+        return found
 
     def stream(self) -> IncrementalDecoder:
         return IncrementalDecoder(self)

@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
             progress.close()
             budgets = Budgets().fit(engine.max_context, args.max_tokens)
             prompt = PromptBuilder(engine.tokenizer, budgets).build(text, cursor)
-            handle = engine.submit(CompletionRequest(prompt_ids=prompt.ids, params=params))
+            request = CompletionRequest(prompt_ids=prompt.ids, params=params, heal_text=prompt.heal_text)
+            handle = engine.submit(request)
             # The same stop rules as the editor's suggestion, unless --raw.
             shaper = None if args.raw else Shaper(CursorContext.at(text, cursor))
             shown = ""

@@ -146,6 +146,7 @@ class Completer:
                 stop=("\n",) if ctx.single_line else (),
                 slot_key=snap.uri,
                 deadline=deadline,
+                heal_text=prompt.heal_text,
             )
         except self.host.engine_errors as exc:
             log.warning("request %s not submitted: %s", record.request_id, exc)

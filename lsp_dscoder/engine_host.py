@@ -120,12 +120,17 @@ class EngineHost:
         stop: tuple[str, ...],
         slot_key: str,
         deadline: float | None,
+        heal_text: str = "",
     ) -> Any:
         api = self._api
         assert api is not None and self.engine is not None, "submit() before the engine is ready"
         params = api.SamplingParams(max_tokens=max_tokens, stop=stop)
         request = api.CompletionRequest(
-            prompt_ids=tuple(prompt_ids), params=params, slot_key=slot_key, deadline=deadline
+            prompt_ids=tuple(prompt_ids),
+            params=params,
+            slot_key=slot_key,
+            deadline=deadline,
+            heal_text=heal_text,
         )
         return self.engine.submit(request)
 

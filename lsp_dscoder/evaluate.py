@@ -3,7 +3,8 @@
 - line exact match: cursor at a random position inside a random line; the model fills the rest of the
   line (PSM prompt: text before the cursor, hole, text from the line's end), greedy, cut at the newline;
   the same cases with the server's layout (hole at the line start, the line up to the cursor after
-  `<｜fim▁end｜>`) and with a left-to-right prompt (no suffix) as a baseline;
+  `<｜fim▁end｜>`), with that layout and the server's token healing, and with a left-to-right prompt
+  (no suffix) as a baseline;
 - FIM exact match: one to three whole lines removed; the model must produce exactly them and stop
   (its `<eos>`), greedy;
 - perplexity of `<bos>file<eos>` in windows, with the engine's reference forward (its own logits);
@@ -133,6 +134,18 @@ def anchored_prompt(tok, case: Case, budgets: Budgets) -> tuple[int, ...]:
     return psm_prompt(tok, head, budgets) + tuple(tok.encode(case.prefix[start:]))
 
 
+def healed_prompt(tok, case: Case, budgets: Budgets) -> tuple[tuple[int, ...], str]:
+    """The server's layout with its token healing: the typed line's text after its last safe token
+    boundary is left out of the prompt and spelled by the model first (`PromptBuilder`)."""
+    from lsp_dscoder.prompt import heal_start
+
+    start = case.prefix.rfind("\n") + 1
+    typed = case.prefix[start:]
+    cut = heal_start(typed)
+    head = Case(case.source, case.prefix[:start], case.middle, case.suffix)
+    return psm_prompt(tok, head, budgets) + tuple(tok.encode(typed[:cut]) if cut else ()), typed[cut:]
+
+
 def l2r_prompt(tok, case: Case, budgets: Budgets) -> tuple[int, ...]:
     """Left to right: `<bos>` and the end of the prefix, no suffix (a baseline for the FIM prompt)."""
     return (tok.bos_id, *tok.encode(case.prefix)[-budgets.prefix_tokens :])
@@ -146,9 +159,9 @@ def exact_match(
     hits, examples = 0, []
     for case in cases:
         params = SamplingParams(max_tokens=max_tokens, stop=stop)
-        done = engine.complete(
-            CompletionRequest(prompt_ids=prompt(engine.tokenizer, case, budgets), params=params)
-        )
+        built = prompt(engine.tokenizer, case, budgets)  # token ids, or (token ids, text to heal)
+        ids, heal = (built, "") if not built or isinstance(built[0], int) else built
+        done = engine.complete(CompletionRequest(prompt_ids=ids, params=params, heal_text=heal))
         hit = done.text == case.middle
         hits += hit
         if len(examples) < 5:
@@ -230,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
         lines = line_cases(docs, args.samples, rng)
         report["line"] = exact_match(engine, lines, psm_prompt, budgets, ("\n",), 48)
         report["line_anchored"] = exact_match(engine, lines, anchored_prompt, budgets, ("\n",), 48)
+        report["line_healed"] = exact_match(engine, lines, healed_prompt, budgets, ("\n",), 48)
         report["line_l2r"] = exact_match(engine, lines, l2r_prompt, budgets, ("\n",), 48)
         report["fim"] = exact_match(engine, fim_cases(docs, args.samples, rng), psm_prompt, budgets, (), 96)
         report["ttft"] = ttft(engine, docs, args.timing_runs)
@@ -240,12 +254,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     em = {
         key: f"{100 * report[key]['exact_match']:.1f}%"
-        for key in ("line", "line_anchored", "line_l2r", "fim")
+        for key in ("line", "line_anchored", "line_healed", "line_l2r", "fim")
     }
     ppl, times = report["ppl"], report["ttft"]
     rows = [
         ("line exact match, FIM prompt", em["line"], f"{args.samples} cases, hole at the cursor"),
         ("line exact match, anchored", em["line_anchored"], "the server's layout: hole at the line start"),
+        ("line exact match, healed", em["line_healed"], "the same, with the server's token healing"),
         ("line exact match, no suffix", em["line_l2r"], "left-to-right prompt"),
         ("FIM exact match (1-3 lines)", em["fim"], f"{args.samples} cases"),
         ("perplexity (tokens)", f"{ppl['perplexity']:.3f}", f"{ppl['tokens']} tokens"),

@@ -6,6 +6,10 @@ Everything up to <｜fim▁end｜> is the *head*: built when the edit anchor mov
 the user types near the anchor, so the engine's prefix match covers it. The *middle* (anchor to cursor)
 is re-tokenised from the last safe boundary; tokens the model generated (or that the last prompt held)
 are reused up to that boundary, so accepting a suggestion costs no prefill.
+
+Token healing: the middle's text after its last safe boundary (`self.va`: the `va`) is left out of the
+prompt and passed as the request's `heal_text`, so that the model chooses the token it belongs to
+(`value`) rather than continuing from a token the cursor happened to cut (`v`, `a`).
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from lsp_dscoder.tokens import Piece, cut_known, pieces_of
+from lsp_dscoder.tokens import Piece, cut_known, pieces_of, safe_boundary
 
 _C_LIKE = {"c", "cpp", "csharp", "cuda-cpp", "go", "java", "javascript", "javascriptreact", "typescript"}
 _C_LIKE |= {"typescriptreact", "rust", "kotlin", "scala", "swift", "dart", "php", "objective-c", "zig"}
 _DASHES = {"lua", "sql", "haskell", "elm", "ada"}
 _CONTEXT_CACHE_SIZE = 64
 _MAX_CHARS_PER_TOKEN = 8  # a window this wide holds enough tokens for the budget in practice
+_MAX_HEAL_CHARS = 32
 
 
 class FimTokenizer(Protocol):
@@ -98,8 +103,20 @@ class Prompt:
     head: Head
     head_reused: bool
     middle: str
-    middle_pieces: tuple[Piece, ...]
+    middle_pieces: tuple[Piece, ...]  # the tokens of the middle in `ids` (all of it but `heal_text`)
     known_reused: int  # middle tokens taken from the known pieces rather than re-tokenised
+    heal_text: str = ""  # the end of the middle, left for the model to spell (token healing)
+
+
+def heal_start(middle: str) -> int:
+    """Where token healing starts in `middle`: its last safe boundary before the end, when the text
+    after it is short, ASCII (every character is then a token of its own) and on one line; otherwise
+    len(middle), no healing."""
+    for at in range(len(middle) - 1, max(-1, len(middle) - _MAX_HEAL_CHARS - 1), -1):
+        if safe_boundary(middle, at):
+            tail = middle[at:]
+            return at if tail.isascii() and "\n" not in tail and "\r" not in tail else len(middle)
+    return len(middle)
 
 
 def comment_prefix(language_id: str | None) -> str:
@@ -117,9 +134,10 @@ def _line_start(text: str, offset: int) -> int:
 class PromptBuilder:
     """Builds prompts for one tokenizer and one set of budgets; caches tokenised context files."""
 
-    def __init__(self, tokenizer: FimTokenizer, budgets: Budgets) -> None:
+    def __init__(self, tokenizer: FimTokenizer, budgets: Budgets, heal: bool = True) -> None:
         self.tokenizer = tokenizer
         self.budgets = budgets
+        self.heal = heal
         self._context_cache: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
 
     def build(
@@ -137,18 +155,23 @@ class PromptBuilder:
         reused = head is not None and self._head_valid(head, text, cursor)
         if reused:
             middle = text[head.anchor : cursor]
-            pieces, taken = cut_known(self.tokenizer, middle, known)
+            cut = heal_start(middle) if self.heal else len(middle)
+            pieces, taken = cut_known(self.tokenizer, middle[:cut], known)
             if len(pieces) <= self.budgets.middle_tokens:
-                return Prompt(head.ids + tuple(p.token_id for p in pieces), head, True, middle, pieces, taken)
+                ids = head.ids + tuple(p.token_id for p in pieces)
+                return Prompt(ids, head, True, middle, pieces, taken, middle[cut:])
         anchor = _line_start(text, cursor)
         middle = text[anchor:cursor]
         ids = self.tokenizer.encode(middle)
         if len(ids) > self.budgets.middle_tokens:
             # A single huge line: anchor at the cursor, the line's start becomes prefix text.
             anchor, middle, ids = cursor, "", []
+        cut = heal_start(middle) if self.heal else len(middle)
+        if cut < len(middle):
+            ids = self.tokenizer.encode(middle[:cut]) if cut else []
         new_head = self._head(text, anchor, cursor, context(), language_id, head)
-        pieces = pieces_of(self.tokenizer, middle, ids)
-        return Prompt(new_head.ids + tuple(ids), new_head, False, middle, pieces, 0)
+        pieces = pieces_of(self.tokenizer, middle[:cut], ids)
+        return Prompt(new_head.ids + tuple(ids), new_head, False, middle, pieces, 0, middle[cut:])
 
     def _head_valid(self, head: Head, text: str, cursor: int) -> bool:
         return (

@@ -8,11 +8,13 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import LlamaForCausalLM
 
 from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams, StopReason
 from lsp_dscoder.engine.engine import ReferenceRunner
+from lsp_dscoder.engine.errors import EngineError
 from lsp_dscoder.engine.generate import StopStringFilter, generate
 
 
@@ -223,3 +225,52 @@ def test_slots_are_lru_per_document(tiny_model: Path) -> None:
             ).stats.prefilled_tokens
             == 0
         )
+
+
+def test_healing_candidates_are_the_tokens_that_can_spell_the_text(engine: Engine) -> None:
+    tok = engine.tokenizer
+    texts = {i: tok.decode([i]) for i in range(tok.vocab_size)}
+    for heal in (" ar", "re", "    ", "("):
+        want = {
+            i
+            for i, t in texts.items()
+            if t and "\ufffd" not in t and (t.startswith(heal) or (heal.startswith(t) and t != heal))
+        }
+        got = tok.healing_candidates(heal)
+        assert set(got) == want and len(got) == len(want)
+    assert tok.eos_id not in tok.healing_candidates(" ")
+
+
+def test_token_healing_is_greedy_over_the_tokens_that_spell_the_text(tiny_model: Path) -> None:
+    hf = LlamaForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    with Engine(EngineConfig(model=tiny_model, max_context=256, num_slots=1)) as eng:
+        tok = eng.tokenizer
+        prompt = fim_prompt(eng, "def main(args):\n    return", "\n")
+        events = []
+        request = CompletionRequest(prompt, SamplingParams(max_tokens=8), heal_text=" ar")
+        handle = eng.submit(request)
+        events = list(handle)
+        done = handle.result()
+        # The oracle: transformers' logits, greedy over the healing candidates until " ar" is spelled.
+        ids, heal, expected = list(prompt), " ar", []
+        with torch.no_grad():
+            while len(expected) < 8:
+                logits = hf(torch.tensor([ids])).logits[0, -1]
+                if heal:
+                    allowed = torch.tensor(tok.healing_candidates(heal))
+                    token = int(allowed[logits[allowed].argmax()])
+                    heal = heal[len(tok.decode([token])) :]
+                else:
+                    token = int(logits.argmax())
+                if token == tok.eos_id:
+                    break
+                expected.append(token)
+                ids.append(token)
+        assert done.token_ids == tuple(expected)
+        spelled = tok.decode(list(done.token_ids))
+        assert spelled.startswith(" ar") and done.text == spelled[3:]
+        assert "".join(e.text for e in events) == done.text
+        # pieces are whole characters; the flush at the end may add an unfinished one as U+FFFD
+        assert "".join(e.piece for e in events if e.piece is not None) == spelled.rstrip("\ufffd")
+        with pytest.raises(EngineError, match="cannot be spelled"):
+            eng.submit(CompletionRequest(prompt, heal_text="\u2603"))

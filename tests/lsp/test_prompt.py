@@ -27,7 +27,7 @@ def type_text(builder: PromptBuilder, text: str, cursor: int, typed: str, prompt
 
 
 def test_layout_is_psm_with_the_middle_from_the_anchor(tokenizer):
-    p = PromptBuilder(tokenizer, Budgets()).build(SOURCE, CURSOR)
+    p = PromptBuilder(tokenizer, Budgets(), heal=False).build(SOURCE, CURSOR)
     t = tokenizer
     anchor = SOURCE.rindex("\n", 0, CURSOR) + 1
     head = [t.bos_id, t.fim_begin_id, *t.encode(SOURCE[:anchor]), t.fim_hole_id]
@@ -35,10 +35,16 @@ def test_layout_is_psm_with_the_middle_from_the_anchor(tokenizer):
     assert p.ids == expected
     assert (p.head.anchor, p.middle, p.head_reused) == (anchor, "    ", False)
     assert "".join(piece.text for piece in p.middle_pieces) == "    "
+    assert p.heal_text == ""
+    # With token healing (the default), the indentation has no safe boundary after the anchor: the
+    # prompt ends at <｜fim▁end｜> and the model spells "    " itself.
+    healed = PromptBuilder(tokenizer, Budgets()).build(SOURCE, CURSOR)
+    assert healed.ids == expected[: len(p.head.ids)] == healed.head.ids
+    assert (healed.middle, healed.heal_text, healed.middle_pieces) == ("    ", "    ", ())
 
 
 def test_typing_keeps_the_head_and_changes_only_the_last_tokens(tokenizer):
-    builder = PromptBuilder(tokenizer, Budgets())
+    builder = PromptBuilder(tokenizer, Budgets(), heal=False)
     first = builder.build(SOURCE, CURSOR)
     prev = first
     new_tokens = []
@@ -136,7 +142,7 @@ def test_context_is_read_only_when_the_head_is_rebuilt(tokenizer):
 
 
 def test_accepting_generated_tokens_needs_no_new_tokens(tokenizer):
-    builder = PromptBuilder(tokenizer, Budgets())
+    builder = PromptBuilder(tokenizer, Budgets(), heal=False)
     p = builder.build(SOURCE, CURSOR)
     # The model spelled "return args" one character per token: not how the tokenizer would.
     generated = [Piece(tokenizer.encode(c)[0], c) for c in "return args"]
@@ -181,3 +187,34 @@ def test_known_pieces_that_do_not_spell_their_tokens_are_not_reused(tokenizer):
     known = [Piece(ids[0], "a"), Piece(ids[1], " "), Piece(ids[2], "x")]
     pieces, kept = cut_known(tokenizer, "a x", known)
     assert kept == 0 and [p.token_id for p in pieces] == tokenizer.encode("a x")
+
+
+def test_token_healing_leaves_the_text_after_the_last_safe_boundary_to_the_model(tokenizer):
+    builder = PromptBuilder(tokenizer, Budgets())
+    first = builder.build(SOURCE, CURSOR)
+    prompts = [first, *(p for p, _, _ in type_text(builder, SOURCE, CURSOR, "value = args", first))]
+    heals = [p.heal_text for p in prompts]
+    word = ["    ", "    v", "    va", "    val", "    valu", "    value"]
+    assert heals == [*word, " ", " =", " ", " a", " ar", " arg", " args"]
+    for p in prompts:
+        assert p.head is first.head
+        kept = p.middle[: len(p.middle) - len(p.heal_text)]
+        assert p.middle == kept + p.heal_text
+        assert p.ids == first.head.ids + tuple(tokenizer.encode(kept))
+        assert "".join(piece.text for piece in p.middle_pieces) == kept
+    # The prompt changes only when the cursor passes a safe boundary: typing a word appends nothing.
+    ids = [p.ids for p in prompts]
+    assert ids[0] == ids[1] == ids[5] == first.head.ids
+    assert ids[6] == ids[7] and ids[8] == ids[9] == ids[12]
+    assert len({ids[0], ids[6], ids[8]}) == 3
+
+
+def test_token_healing_reuses_generated_tokens_up_to_the_healed_text(tokenizer):
+    builder = PromptBuilder(tokenizer, Budgets())
+    p = builder.build(SOURCE, CURSOR)
+    generated = [Piece(tokenizer.encode(c)[0], c) for c in "    return args"]
+    text = SOURCE[:CURSOR] + "return args" + SOURCE[CURSOR:]
+    accepted = builder.build(text, CURSOR + 11, head=p.head, known=[*p.middle_pieces, *generated])
+    assert accepted.heal_text == " args"
+    assert accepted.ids == p.ids + tuple(x.token_id for x in generated[:10])  # "    return"
+    assert accepted.known_reused == 10

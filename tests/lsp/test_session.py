@@ -19,6 +19,7 @@ CURSOR = DOC.index("\n    \n") + 5
 class Event:
     token_id: int
     text: str
+    piece: str | None = None
 
 
 class ScriptedHandle:

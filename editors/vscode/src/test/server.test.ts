@@ -206,7 +206,7 @@ describe(
     test('partials stream in order; the response is the first line; the rest streams after it', async () => {
       assert.deepEqual([SOURCE[6].length, [...SOURCE[6]].length], [35, 34]);
       const { uri, end } = await open();
-      await insert(uri, 2, end, '('); // typed after didOpen, as an editor does
+      await insert(uri, 2, end, 'u'); // typed after didOpen, as an editor does
       const at = { line: end.line, character: end.character + 1 };
       const { id } = inline(uri, at);
       const response = await settled(id);
