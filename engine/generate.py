@@ -40,9 +40,8 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Ge
     return int(torch.multinomial(probs, 1, generator=gen).item())
 
 
-def restrict(logits: torch.Tensor, allowed: tuple[int, ...]) -> torch.Tensor:
-    """A copy of `logits` (..., V) in which only the `allowed` token ids keep their values."""
-    index = torch.tensor(allowed, dtype=torch.long, device=logits.device)
+def restrict(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """A copy of `logits` (..., V) in which only the token ids in `index` keep their values."""
     out = torch.full_like(logits, float("-inf"))
     out[..., index] = logits[..., index]
     return out
@@ -125,7 +124,7 @@ def generate(
             stop = StopReason.MAX_TOKENS
             break
         if heal:
-            logits = restrict(logits, tokenizer.healing_candidates(heal))
+            logits = restrict(logits, tokenizer.healing_index(heal, logits.device))
         token = sample(
             logits.to("cpu") if params.temperature > 0 else logits, params.temperature, params.top_p, gen
         )

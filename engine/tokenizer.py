@@ -9,6 +9,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
+import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from lsp_dscoder.engine.errors import CheckpointError
@@ -51,6 +52,7 @@ class Tokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._heal_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None
         self._heal_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._heal_index_cache: OrderedDict[tuple[str, torch.device], torch.Tensor] = OrderedDict()
         self._heal_lock = threading.Lock()  # used from the engine thread and from submitting threads
 
     def _lookup(self, name: str, folder: Path) -> int:
@@ -79,6 +81,21 @@ class Tokenizer:
         The vocabulary index is built on first use."""
         with self._heal_lock:
             return self._healing_candidates(text)
+
+    def healing_index(self, text: str, device: torch.device) -> torch.Tensor:
+        """`healing_candidates(text)` as a long tensor on `device`, kept for the next keystroke."""
+        key = (text, device)
+        with self._heal_lock:
+            index = self._heal_index_cache.get(key)
+            if index is None:
+                ids = self._healing_candidates(text)
+                index = torch.tensor(ids, dtype=torch.long, device=device)
+                self._heal_index_cache[key] = index
+                if len(self._heal_index_cache) > 64:
+                    self._heal_index_cache.popitem(last=False)
+            else:
+                self._heal_index_cache.move_to_end(key)
+            return index
 
     def _healing_candidates(self, text: str) -> tuple[int, ...]:
         cached = self._heal_cache.get(text)
