@@ -36,7 +36,8 @@ async def measure(editor: Editor, request: Any) -> dict[str, Any]:
         "prompt": record["promptMs"],
         "queue": record["queueMs"],
         "engine": record["engineTtftMs"],
-        "overhead": protocol_ms - record["engineTtftMs"],
+        # None when the answer came from memory (the keystroke typed through the last suggestion)
+        "overhead": None if record["engineTtftMs"] is None else protocol_ms - record["engineTtftMs"],
         "prefilled": record["prefilledTokens"],
         "reused": record["reusedTokens"],
     }
@@ -79,7 +80,7 @@ def summarize(name: str, rows: list[dict[str, Any]]) -> str:
     for key in COLUMNS:
         values = sorted(r[key] for r in rows if r[key] is not None)
         cells.append(f"{statistics.median(values):8.2f} {values[int(0.9 * (len(values) - 1))]:8.2f}")
-    prefilled = statistics.median(r["prefilled"] for r in rows)
+    prefilled = statistics.median(r["prefilled"] for r in rows if r["prefilled"] is not None)
     return f"{name:<16}{len(rows):>4} " + " ".join(cells) + f" {prefilled:9.0f}"
 
 
