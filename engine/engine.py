@@ -169,6 +169,7 @@ class Engine:
                 f"tokenizer has {self.tokenizer.vocab_size} tokens "
                 f"but the model only {self.model_config.vocab_size}"
             )
+        self.tokenizer.prepare_healing()  # token healing's vocabulary index, before the first keystroke
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise EngineError(f"device {config.device} requested but CUDA is not available here")

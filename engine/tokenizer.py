@@ -78,7 +78,7 @@ class Tokenizer:
         """Tokens that may come first when the output must begin with `text`: those whose text starts
         with it, and those whose text is a shorter non-empty prefix of it. Tokens that decode to part
         of a UTF-8 character, or to nothing (special tokens, `<eos>` included), are never candidates.
-        The vocabulary index is built on first use."""
+        The vocabulary index is built on first use (see `prepare_healing`)."""
         with self._heal_lock:
             return self._healing_candidates(text)
 
@@ -102,6 +102,20 @@ class Tokenizer:
         if cached is not None:
             self._heal_cache.move_to_end(text)
             return cached
+        keys, ids, by_text = self._vocabulary_index()
+        lo, hi = bisect.bisect_left(keys, text), bisect.bisect_left(keys, text + "\U0010ffff")
+        found = tuple(ids[lo:hi]) + tuple(i for k in range(1, len(text)) for i in by_text.get(text[:k], ()))
+        self._heal_cache[text] = found
+        if len(self._heal_cache) > 256:
+            self._heal_cache.popitem(last=False)
+        return found
+
+    def prepare_healing(self) -> None:
+        """Build the vocabulary index now (the engine does it while loading), not on the first request."""
+        with self._heal_lock:
+            self._vocabulary_index()
+
+    def _vocabulary_index(self) -> tuple[list[str], list[int], dict[str, list[int]]]:
         if self._heal_index is None:
             texts = self._tok.decode_batch([[i] for i in range(self.vocab_size)], skip_special_tokens=True)
             entries = sorted((t, i) for i, t in enumerate(texts) if t and "\ufffd" not in t)
@@ -109,13 +123,7 @@ class Tokenizer:
             for t, i in entries:
                 by_text.setdefault(t, []).append(i)
             self._heal_index = ([t for t, _ in entries], [i for _, i in entries], by_text)
-        keys, ids, by_text = self._heal_index
-        lo, hi = bisect.bisect_left(keys, text), bisect.bisect_left(keys, text + "\U0010ffff")
-        found = tuple(ids[lo:hi]) + tuple(i for k in range(1, len(text)) for i in by_text.get(text[:k], ()))
-        self._heal_cache[text] = found
-        if len(self._heal_cache) > 256:
-            self._heal_cache.popitem(last=False)
-        return found
+        return self._heal_index
 
     def stream(self) -> IncrementalDecoder:
         return IncrementalDecoder(self)
