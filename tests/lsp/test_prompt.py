@@ -218,3 +218,13 @@ def test_token_healing_reuses_generated_tokens_up_to_the_healed_text(tokenizer):
     assert accepted.heal_text == " args"
     assert accepted.ids == p.ids + tuple(x.token_id for x in generated[:10])  # "    return"
     assert accepted.known_reused == 10
+
+
+def test_heal_start_only_heals_short_ascii_text_on_one_line():
+    from lsp_dscoder.prompt import heal_start
+
+    assert [heal_start(m) for m in ("", "x", "    ", "self.va", "x = ", "f(a, b")] == [0, 0, 0, 5, 3, 4]
+    assert heal_start('s = "é') == len('s = "é')  # not ASCII: nothing healed
+    assert heal_start("x\n    ") == len("x\n    ")  # the text after the boundary spans a line break
+    long_word = "    " + "a" * 40
+    assert heal_start(long_word) == len(long_word)  # no safe boundary within 32 characters
