@@ -239,8 +239,8 @@ class Engine:
             raise EngineError(
                 f"token id {bad[0]} is outside the vocabulary (0..{self.model_config.vocab_size - 1})"
             )
-        heal = request.heal_text
-        if any(not self.tokenizer.healing_candidates(heal[i:]) for i in range(len(heal))):
+        if not self.tokenizer.can_heal(request.heal_text):
+            heal = request.heal_text
             raise EngineError(f"heal_text {heal!r} cannot be spelled by whole tokens of this vocabulary")
         handle = CompletionHandle(request)
         with self._lock:

@@ -51,9 +51,8 @@ class Tokenizer:
         self.fim_end_id = self._lookup(FIM_END, folder)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._heal_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None
-        self._heal_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._heal_index_cache: OrderedDict[tuple[str, torch.device], torch.Tensor] = OrderedDict()
-        self._heal_lock = threading.Lock()  # used from the engine thread and from submitting threads
+        self._heal_lock = threading.RLock()  # used from the engine thread and from submitting threads
 
     def _lookup(self, name: str, folder: Path) -> int:
         token_id = self._tok.token_to_id(name)
@@ -74,13 +73,29 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str:
         return self._tok.id_to_token(token_id) or ""
 
+    def prepare_healing(self) -> None:
+        """Build token healing's vocabulary index now (the engine does it while loading)."""
+        self._vocabulary_index()
+
     def healing_candidates(self, text: str) -> tuple[int, ...]:
         """Tokens that may come first when the output must begin with `text`: those whose text starts
         with it, and those whose text is a shorter non-empty prefix of it. Tokens that decode to part
-        of a UTF-8 character, or to nothing (special tokens, `<eos>` included), are never candidates.
-        The vocabulary index is built on first use (see `prepare_healing`)."""
-        with self._heal_lock:
-            return self._healing_candidates(text)
+        of a UTF-8 character, or to nothing (special tokens, `<eos>` included), are never candidates."""
+        keys, ids, by_text = self._vocabulary_index()
+        lo, hi = bisect.bisect_left(keys, text), bisect.bisect_left(keys, text + "\U0010ffff")
+        return tuple(ids[lo:hi]) + tuple(i for k in range(1, len(text)) for i in by_text.get(text[:k], ()))
+
+    def can_heal(self, text: str) -> bool:
+        """Whether whole tokens can spell `text`: every suffix the healing may be left with has a
+        candidate (a character with no token of its own, only byte tokens, has none)."""
+        keys, _, by_text = self._vocabulary_index()
+        for at in range(len(text)):
+            rest = text[at:]
+            i = bisect.bisect_left(keys, rest)
+            extends = i < len(keys) and keys[i].startswith(rest)
+            if not extends and not any(rest[:k] in by_text for k in range(1, len(rest))):
+                return False
+        return True
 
     def healing_index(self, text: str, device: torch.device) -> torch.Tensor:
         """`healing_candidates(text)` as a long tensor on `device`, kept for the next keystroke."""
@@ -88,8 +103,7 @@ class Tokenizer:
         with self._heal_lock:
             index = self._heal_index_cache.get(key)
             if index is None:
-                ids = self._healing_candidates(text)
-                index = torch.tensor(ids, dtype=torch.long, device=device)
+                index = torch.tensor(self.healing_candidates(text), dtype=torch.long, device=device)
                 self._heal_index_cache[key] = index
                 if len(self._heal_index_cache) > 64:
                     self._heal_index_cache.popitem(last=False)
@@ -97,33 +111,18 @@ class Tokenizer:
                 self._heal_index_cache.move_to_end(key)
             return index
 
-    def _healing_candidates(self, text: str) -> tuple[int, ...]:
-        cached = self._heal_cache.get(text)
-        if cached is not None:
-            self._heal_cache.move_to_end(text)
-            return cached
-        keys, ids, by_text = self._vocabulary_index()
-        lo, hi = bisect.bisect_left(keys, text), bisect.bisect_left(keys, text + "\U0010ffff")
-        found = tuple(ids[lo:hi]) + tuple(i for k in range(1, len(text)) for i in by_text.get(text[:k], ()))
-        self._heal_cache[text] = found
-        if len(self._heal_cache) > 256:
-            self._heal_cache.popitem(last=False)
-        return found
-
-    def prepare_healing(self) -> None:
-        """Build the vocabulary index now (the engine does it while loading), not on the first request."""
-        with self._heal_lock:
-            self._vocabulary_index()
-
     def _vocabulary_index(self) -> tuple[list[str], list[int], dict[str, list[int]]]:
-        if self._heal_index is None:
-            texts = self._tok.decode_batch([[i] for i in range(self.vocab_size)], skip_special_tokens=True)
-            entries = sorted((t, i) for i, t in enumerate(texts) if t and "\ufffd" not in t)
-            by_text: dict[str, list[int]] = {}
-            for t, i in entries:
-                by_text.setdefault(t, []).append(i)
-            self._heal_index = ([t for t, _ in entries], [i for _, i in entries], by_text)
-        return self._heal_index
+        """Each whole-character token text, sorted (with its id), and the ids of each text."""
+        with self._heal_lock:
+            if self._heal_index is None:
+                singles = [[i] for i in range(self.vocab_size)]
+                texts = self._tok.decode_batch(singles, skip_special_tokens=True)
+                entries = sorted((t, i) for i, t in enumerate(texts) if t and "\ufffd" not in t)
+                by_text: dict[str, list[int]] = {}
+                for t, i in entries:
+                    by_text.setdefault(t, []).append(i)
+                self._heal_index = ([t for t, _ in entries], [i for _, i in entries], by_text)
+            return self._heal_index
 
     def stream(self) -> IncrementalDecoder:
         return IncrementalDecoder(self)

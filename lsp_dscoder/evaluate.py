@@ -26,7 +26,7 @@ import random
 import statistics
 import sysconfig
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -134,16 +134,14 @@ def anchored_prompt(tok, case: Case, budgets: Budgets) -> tuple[int, ...]:
     return psm_prompt(tok, head, budgets) + tuple(tok.encode(case.prefix[start:]))
 
 
-def healed_prompt(tok, case: Case, budgets: Budgets) -> tuple[tuple[int, ...], str]:
-    """The server's layout with its token healing: the typed line's text after its last safe token
-    boundary is left out of the prompt and spelled by the model first (`PromptBuilder`)."""
+def healed(case: Case) -> tuple[Case, str]:
+    """The server's token healing: the typed line's text after its last safe token boundary moves out of
+    the prefix, for the model to spell first. Returns the cut case and that text."""
     from lsp_dscoder.prompt import heal_start
 
     start = case.prefix.rfind("\n") + 1
-    typed = case.prefix[start:]
-    cut = heal_start(typed)
-    head = Case(case.source, case.prefix[:start], case.middle, case.suffix)
-    return psm_prompt(tok, head, budgets) + tuple(tok.encode(typed[:cut]) if cut else ()), typed[cut:]
+    cut = start + heal_start(case.prefix[start:])
+    return replace(case, prefix=case.prefix[:cut]), case.prefix[cut:]
 
 
 def l2r_prompt(tok, case: Case, budgets: Budgets) -> tuple[int, ...]:
@@ -152,16 +150,22 @@ def l2r_prompt(tok, case: Case, budgets: Budgets) -> tuple[int, ...]:
 
 
 def exact_match(
-    engine, cases: list[Case], prompt: Callable, budgets: Budgets, stop: tuple[str, ...], max_tokens: int
+    engine,
+    cases: list[Case],
+    prompt: Callable,
+    budgets: Budgets,
+    stop: tuple[str, ...],
+    max_tokens: int,
+    heal: bool = False,
 ) -> dict:
     from lsp_dscoder.engine import CompletionRequest, SamplingParams
 
     hits, examples = 0, []
     for case in cases:
         params = SamplingParams(max_tokens=max_tokens, stop=stop)
-        built = prompt(engine.tokenizer, case, budgets)  # token ids, or (token ids, text to heal)
-        ids, heal = (built, "") if not built or isinstance(built[0], int) else built
-        done = engine.complete(CompletionRequest(prompt_ids=ids, params=params, heal_text=heal))
+        shown, heal_text = healed(case) if heal else (case, "")
+        ids = prompt(engine.tokenizer, shown, budgets)
+        done = engine.complete(CompletionRequest(prompt_ids=ids, params=params, heal_text=heal_text))
         hit = done.text == case.middle
         hits += hit
         if len(examples) < 5:
@@ -243,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
         lines = line_cases(docs, args.samples, rng)
         report["line"] = exact_match(engine, lines, psm_prompt, budgets, ("\n",), 48)
         report["line_anchored"] = exact_match(engine, lines, anchored_prompt, budgets, ("\n",), 48)
-        report["line_healed"] = exact_match(engine, lines, healed_prompt, budgets, ("\n",), 48)
+        report["line_healed"] = exact_match(engine, lines, anchored_prompt, budgets, ("\n",), 48, heal=True)
         report["line_l2r"] = exact_match(engine, lines, l2r_prompt, budgets, ("\n",), 48)
         report["fim"] = exact_match(engine, fim_cases(docs, args.samples, rng), psm_prompt, budgets, (), 96)
         report["ttft"] = ttft(engine, docs, args.timing_runs)

@@ -162,13 +162,12 @@ class PromptBuilder:
                 return Prompt(ids, head, True, middle, pieces, taken, middle[cut:])
         anchor = _line_start(text, cursor)
         middle = text[anchor:cursor]
-        ids = self.tokenizer.encode(middle)
-        if len(ids) > self.budgets.middle_tokens:
-            # A single huge line: anchor at the cursor, the line's start becomes prefix text.
-            anchor, middle, ids = cursor, "", []
         cut = heal_start(middle) if self.heal else len(middle)
-        if cut < len(middle):
-            ids = self.tokenizer.encode(middle[:cut]) if cut else []
+        # `cut` is a safe boundary: the two parts' tokens are the whole middle's
+        ids = self.tokenizer.encode(middle[:cut])
+        if len(ids) + len(self.tokenizer.encode(middle[cut:])) > self.budgets.middle_tokens:
+            # A single huge line: anchor at the cursor, the line's start becomes prefix text.
+            anchor, middle, ids, cut = cursor, "", [], 0
         new_head = self._head(text, anchor, cursor, context(), language_id, head)
         pieces = pieces_of(self.tokenizer, middle[:cut], ids)
         return Prompt(new_head.ids + tuple(ids), new_head, False, middle, pieces, 0, middle[cut:])

@@ -91,8 +91,7 @@ class Generation:
         try:
             async for event in self.handle.stream():
                 if event.token_id is not None:  # None: the decoder's flush at the end, no token
-                    piece = event.piece if event.piece is not None else event.text
-                    self._known.append(Piece(event.token_id, piece))
+                    self._known.append(Piece(event.token_id, event.piece))
                 self.shaper.feed(event.text)
                 self._publish()
                 if self.shaper.stopped:

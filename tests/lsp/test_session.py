@@ -19,7 +19,10 @@ CURSOR = DOC.index("\n    \n") + 5
 class Event:
     token_id: int
     text: str
-    piece: str | None = None
+
+    @property
+    def piece(self) -> str:  # as the engine's TokenEvent: the token's own text (nothing healed here)
+        return self.text
 
 
 class ScriptedHandle:
