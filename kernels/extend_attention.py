@@ -14,7 +14,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .contract import FLOAT_DTYPES, check_head_dim, check_out, check_position, check_tensor, interpreting
+from .contract import (
+    FLOAT_DTYPES,
+    check_head_dim,
+    check_kv_caches,
+    check_out,
+    check_position,
+    check_tensor,
+    interpreting,
+)
 from .split_kv import (
     LOG2E,
     NEG_BIG,
@@ -153,15 +161,9 @@ def extend_attention(
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     n_tok, n_heads, head_dim = q.shape
     check_head_dim(head_dim)
-    check_tensor("k_cache", k_cache, ndim=3, dtypes=(q.dtype,), device=q.device)
-    n_kv, max_ctx, _ = k_cache.shape
-    check_tensor("v_cache", v_cache, shape=tuple(k_cache.shape), dtypes=(q.dtype,), device=q.device)
-    if k_cache.shape[2] != head_dim:
-        raise ValueError(f"k_cache head_dim {k_cache.shape[2]} != q head_dim {head_dim}")
+    n_kv, max_ctx = check_kv_caches(k_cache, v_cache, q, n_heads, head_dim)
     if n_tok < 1 or n_tok > max_ctx:
         raise ValueError(f"q must hold 1..max_ctx ({max_ctx}) tokens, got {n_tok}")
-    if n_kv < 1 or n_heads % n_kv:
-        raise ValueError(f"query heads ({n_heads}) must be a multiple of KV heads ({n_kv})")
     check_position("start", start, q.device)
     out = check_out(out, tuple(q.shape), q.dtype, q.device)
 
