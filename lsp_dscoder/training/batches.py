@@ -46,25 +46,6 @@ class DataConfig:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
 
-def documents(
-    tok,
-    texts: list[str],
-    ids: SpecialIds,
-    cfg: DataConfig,
-    rng: random.Random,
-    fim_rate: float,
-    cache: dict[str, np.ndarray] | None = None,
-) -> Iterator[np.ndarray]:
-    """Token ids of each text in order (FIM-transformed here only with FimPlacement.DOCUMENT)."""
-    for start in range(0, len(texts), 256):
-        chunk = texts[start : start + 256]
-        if cfg.fim_placement is FimPlacement.DOCUMENT:
-            docs = encode_documents(tok, chunk, ids, rng, fim_rate, cfg.fim_line_rate)
-        else:
-            docs = encode_plain(tok, chunk, ids, cache)
-        yield from docs
-
-
 def packed(
     tok,
     texts: list[str],
@@ -76,24 +57,31 @@ def packed(
 ) -> Iterator[list[np.ndarray]]:
     """Groups of cfg.batch_size windows of cfg.seq_len tokens (the last group may be shorter).
 
-    cache (text -> its plain token ids) saves encoding the same files again in every epoch.
+    FIM is applied to whole texts before packing (FimPlacement.DOCUMENT) or to each group of windows
+    (WINDOW). cache (text -> its plain token ids) saves encoding the same files again in every epoch.
     """
+
+    def documents() -> Iterator[np.ndarray]:
+        for start in range(0, len(texts), 256):
+            chunk = texts[start : start + 256]
+            if cfg.fim_placement is FimPlacement.DOCUMENT:
+                yield from encode_documents(tok, chunk, ids, rng, fim_rate, cfg.fim_line_rate)
+            else:
+                yield from encode_plain(tok, chunk, ids, cache)
+
+    def finish(rows: list[np.ndarray]) -> list[np.ndarray]:
+        if cfg.fim_placement is FimPlacement.WINDOW:
+            return fim_windows(tok, rows, ids, rng, fim_rate, cfg.fim_line_rate, cfg.fim_piece_tokens)
+        return rows
+
     rows: list[np.ndarray] = []
-    for window in pack(documents(tok, texts, ids, cfg, rng, fim_rate, cache), cfg.seq_len):
+    for window in pack(documents(), cfg.seq_len):
         rows.append(window)
         if len(rows) == cfg.batch_size:
-            yield finish(tok, rows, ids, cfg, rng, fim_rate)
+            yield finish(rows)
             rows = []
     if rows:
-        yield finish(tok, rows, ids, cfg, rng, fim_rate)
-
-
-def finish(
-    tok, rows: list[np.ndarray], ids: SpecialIds, cfg: DataConfig, rng: random.Random, fim_rate: float
-) -> list[np.ndarray]:
-    if cfg.fim_placement is FimPlacement.WINDOW:
-        return fim_windows(tok, rows, ids, rng, fim_rate, cfg.fim_line_rate, cfg.fim_piece_tokens)
-    return rows
+        yield finish(rows)
 
 
 class Batches:
