@@ -11,11 +11,9 @@ import os
 from typing import Any
 from urllib.parse import unquote
 
-from cattrs import ClassValidationError, transform_error
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException, JsonRpcInvalidParams
+from pygls.exceptions import JsonRpcException
 from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol
 
 from lsp_dscoder import __version__
 from lsp_dscoder.completer import Completer, Snapshot
@@ -23,6 +21,7 @@ from lsp_dscoder.engine_host import EngineHost
 from lsp_dscoder.errors import DocumentNotOpenError
 from lsp_dscoder.positions import Encoding, offset_at, position_at, sanitize
 from lsp_dscoder.prompt import ContextFile
+from lsp_dscoder.rpc import DscoderProtocol
 from lsp_dscoder.settings import Settings
 from lsp_dscoder.stats import Stats
 
@@ -30,31 +29,6 @@ PARTIAL_COMPLETION = "dscoder/partialCompletion"
 STATS = "dscoder/stats"
 
 log = logging.getLogger(__name__)
-
-
-class _Answered:
-    """Stands in for a request that was already answered with an error while it was being parsed."""
-
-
-class DscoderProtocol(LanguageServerProtocol):
-    """pygls drops a request whose params do not parse without answering it; answer -32602 instead."""
-
-    def structure_message(self, data: dict[str, Any]) -> Any:
-        try:
-            return super().structure_message(data)
-        except JsonRpcException as exc:
-            if "id" not in data or "method" not in data:
-                raise
-            cause = exc.__cause__
-            detail = "; ".join(transform_error(cause)) if isinstance(cause, ClassValidationError) else exc
-            message = f"invalid params for {data['method']}: {detail}"
-            log.warning("request %s: %s", data["id"], message)
-            self._send_response(data["id"], error=JsonRpcInvalidParams(message).to_response_error())
-            return _Answered()
-
-    def handle_message(self, message: Any) -> None:
-        if not isinstance(message, _Answered):
-            super().handle_message(message)
 
 
 class DscoderServer(LanguageServer):
