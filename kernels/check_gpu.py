@@ -21,7 +21,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ from . import decode_attention as da
 from . import extend_attention as ea
 from .rms_norm import rms_norm, rms_norm_ref
 from .rope_store import rope_cos_sin, rope_store, rope_store_ref
+from .shapes import MODELS, Model
 from .silu_mul import silu_mul, silu_mul_ref
 
 Call = Callable[[], object]
@@ -38,18 +38,6 @@ Call = Callable[[], object]
 Make = Callable[[], tuple[Call, Callable[[], float]]]
 
 
-@dataclass(frozen=True)
-class Model:
-    name: str
-    hidden: int
-    heads: int
-    kv_heads: int
-    inter: int
-    head_dim: int = 128
-
-
-MODELS = (Model("1.3B", 2048, 16, 16, 5504), Model("6.7B", 4096, 32, 32, 11008),
-          Model("33B", 7168, 56, 8, 19200))
 TINY = (Model("tiny", 64, 4, 2, 40, 16),)
 
 
