@@ -1,18 +1,29 @@
 """LSP positions <-> string offsets, in the position encoding the client negotiated.
 
 Python strings index code points; LSP counts UTF-16 code units unless the client asked for utf-8 or
-utf-32. Lines end at "\\n", "\\r\\n" or "\\r" (the LSP definition, not `str.splitlines`).
+utf-32. Lines end at "\\n", "\\r\\n" or "\\r" (the LSP definition, not `str.splitlines`, which also breaks at
+"\\x0b", "\\x0c", "\\x85", U+2028 ...).
+
+`LineIndex` holds the offsets where lines start, so that a position costs a look-up plus a scan of the
+part of its own line before it, never a scan of the document; `Scan` counts the characters looked at, so
+tests can assert that per-keystroke work is bounded by the edit rather than the document.
 """
 
 from __future__ import annotations
 
 import enum
 import re
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
 
 from lsp_dscoder.errors import PositionError
 
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+Starts = npt.NDArray[np.int64]
 
 
 class Encoding(enum.Enum):
@@ -27,69 +38,119 @@ class Encoding(enum.Enum):
         return next((e for e in cls if e.value == text), cls.UTF16)
 
 
+@dataclass
+class Scan:
+    """Characters examined one by one (regex, encoding, comparisons); memory copies are not counted."""
+
+    chars: int = 0
+
+
 def sanitize(text: str) -> str:
     """Replace lone surrogates (invalid UTF-16 that JSON can still carry) with U+FFFD.
 
-    One code point stays one code point, so offsets are unchanged; the tokenizer can then encode it.
+    One code point stays one code point with as many UTF-8/16 units, so offsets and positions are unchanged;
+    the tokenizer can then encode it.
     """
     return _LONE_SURROGATE.sub("\ufffd", text) if _LONE_SURROGATE.search(text) else text
 
 
-def _units(char: str, encoding: Encoding) -> int:
-    code = ord(char)
+def units(text: str, encoding: Encoding) -> int:
+    """Length of `text` in the encoding's code units."""
+    if encoding is Encoding.UTF32 or text.isascii():  # isascii() is O(1) on CPython strings
+        return len(text)
     if encoding is Encoding.UTF16:
-        return 2 if code > 0xFFFF else 1
-    if encoding is Encoding.UTF8:
-        return 1 if code < 0x80 else 2 if code < 0x800 else 3 if code < 0x10000 else 4
-    return 1
+        return len(text.encode("utf-16-le", "surrogatepass")) // 2
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
-def line_start(text: str, line: int) -> int:
-    """Offset of the first character of `line`; PositionError if the document has fewer lines."""
-    if line < 0:
-        raise PositionError(f"negative line {line}")
-    if line == 0:
-        return 0
-    for count, match in enumerate(_LINE_BREAK.finditer(text), start=1):
-        if count == line:
-            return match.end()
-    lines = len(_LINE_BREAK.findall(text)) + 1
-    raise PositionError(f"line {line} is past the end of the document ({lines} lines)")
+def break_starts(text: str, lo: int, hi: int, scan: Scan) -> list[int]:
+    """Offsets in [lo, hi] where a line starts, judged from text[lo - 1 : hi + 1] (a start's own
+    character and the one before it decide: after "\\n", or after "\\r" not followed by "\\n")."""
+    first, last = max(lo - 1, 0), min(hi + 1, len(text))
+    scan.chars += last - first
+    found = [m.end() for m in LINE_BREAK.finditer(text, first, last)]
+    # A "\r" at the window's end whose "\n" is cut off matches alone, but its end (hi + 1) is filtered.
+    starts = [p for p in found if lo <= p <= hi]
+    return [0, *starts] if lo == 0 else starts
 
 
-def line_end(text: str, start: int) -> int:
-    """Offset of the line break (or end of text) of the line starting at `start`."""
-    match = _LINE_BREAK.search(text, start)
-    return match.start() if match else len(text)
+class LineIndex:
+    """Line start offsets of a text, updated by edits in time proportional to the edit's text."""
+
+    def __init__(self, text: str, scan: Scan) -> None:
+        self.starts: Starts = np.asarray(break_starts(text, 0, len(text), scan), dtype=np.int64)
+
+    @property
+    def line_count(self) -> int:
+        return len(self.starts)
+
+    def replaced(self, text: str, start: int, end: int, length: int, scan: Scan) -> LineIndex:
+        """The index of `text`, which is the indexed text with [start, end) replaced by `length` characters
+        (a new object: a failed multi-change edit leaves the old index untouched)."""
+        starts = self.starts
+        keep = int(np.searchsorted(starts, start, "left"))
+        tail = int(np.searchsorted(starts, end, "right"))
+        fresh = np.asarray(break_starts(text, start, start + length, scan), dtype=np.int64)
+        shifted = starts[tail:] + (length - (end - start))
+        new = LineIndex.__new__(LineIndex)
+        new.starts = np.concatenate((starts[:keep], fresh, shifted))
+        return new
+
+    def line_start(self, line: int) -> int:
+        if line < 0:
+            raise PositionError(f"negative line {line}")
+        if line >= len(self.starts):
+            raise PositionError(f"line {line} is past the end of the document ({len(self.starts)} lines)")
+        return int(self.starts[line])
+
+    def line_end(self, text: str, line: int) -> int:
+        """Offset of the line's break (or the end of the text)."""
+        if line + 1 >= len(self.starts):
+            return len(text)
+        nxt = int(self.starts[line + 1])
+        return nxt - 2 if text[nxt - 2 : nxt] == "\r\n" else nxt - 1
+
+    def locate(self, text: str, line: int, character: int, encoding: Encoding, scan: Scan) -> tuple[int, int]:
+        """(offset, character) of an LSP position. A character past the line's end means the line's end
+        (LSP spec); a position inside a surrogate pair (or UTF-8 sequence) rounds down to the character's
+        start. The returned character is where the offset is (the request's own in the usual case)."""
+        if character < 0:
+            raise PositionError(f"negative character {character}")
+        start = self.line_start(line)
+        end = self.line_end(text, line)
+        if encoding is Encoding.UTF32:
+            offset = min(start + character, end)
+            return offset, offset - start
+        offset, used = start, 0
+        while offset < end and used < character:
+            step = min(character - used, end - offset)  # each character is at least one unit
+            while True:
+                chunk = text[offset : offset + step]
+                scan.chars += step
+                size = units(chunk, encoding)
+                if used + size <= character:
+                    offset, used = offset + step, used + size
+                    break
+                if step == 1:
+                    return offset, used  # inside this character
+                step //= 2
+        return offset, used
+
+    def position_at(self, text: str, offset: int, encoding: Encoding, scan: Scan) -> tuple[int, int]:
+        """(line, character) of a string offset, in the client's units."""
+        line = int(np.searchsorted(self.starts, offset, "right")) - 1
+        start = int(self.starts[line])
+        scan.chars += offset - start
+        return line, units(text[start:offset], encoding)
 
 
 def offset_at(text: str, line: int, character: int, encoding: Encoding) -> int:
-    """Offset of an LSP position. A character past the line's end means the line's end (LSP spec); a
-    position inside a surrogate pair (or UTF-8 sequence) rounds down to the character's start."""
-    if character < 0:
-        raise PositionError(f"negative character {character}")
-    start = line_start(text, line)
-    end = line_end(text, start)
-    if encoding is Encoding.UTF32:
-        return min(start + character, end)
-    units = 0
-    for offset in range(start, end):
-        units += _units(text[offset], encoding)
-        if units > character:
-            return offset
-    return end
+    """Offset of an LSP position in a text that has no index yet (indexes the whole text)."""
+    scan = Scan()
+    return LineIndex(text, scan).locate(text, line, character, encoding, scan)[0]
 
 
 def position_at(text: str, offset: int, encoding: Encoding) -> tuple[int, int]:
-    """(line, character) of a string offset, in the client's units."""
-    line = 0
-    start = 0
-    for match in _LINE_BREAK.finditer(text, 0, offset):
-        if match.end() > offset:
-            break
-        line += 1
-        start = match.end()
-    segment = text[start:offset]
-    if encoding is Encoding.UTF32:
-        return line, len(segment)
-    return line, sum(_units(c, encoding) for c in segment)
+    """(line, character) of an offset in a text that has no index yet (indexes the whole text)."""
+    scan = Scan()
+    return LineIndex(text, scan).position_at(text, offset, encoding, scan)
