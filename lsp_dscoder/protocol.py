@@ -9,36 +9,105 @@ import json
 import logging
 import os
 from typing import Any
-from urllib.parse import unquote
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcException
 from pygls.lsp.server import LanguageServer
+from pygls.protocol.language_server import lsp_method
+from pygls.uris import to_fs_path
 
 from lsp_dscoder import __version__
 from lsp_dscoder.completer import Completer, Snapshot
+from lsp_dscoder.documents import Document, Documents, check_version
 from lsp_dscoder.engine_host import EngineHost
-from lsp_dscoder.errors import DocumentNotOpenError
-from lsp_dscoder.positions import Encoding, offset_at, position_at, sanitize
+from lsp_dscoder.errors import DocumentSyncError
+from lsp_dscoder.positions import Encoding
 from lsp_dscoder.prompt import ContextFile
 from lsp_dscoder.rpc import DscoderProtocol
-from lsp_dscoder.settings import Settings
+from lsp_dscoder.settings import CompletionFallback, Settings
 from lsp_dscoder.stats import Stats
 
 PARTIAL_COMPLETION = "dscoder/partialCompletion"
 STATS = "dscoder/stats"
 
 log = logging.getLogger(__name__)
+_SYNC = (types.TEXT_DOCUMENT_DID_OPEN, types.TEXT_DOCUMENT_DID_CHANGE)
+
+
+class _Refused:
+    """Stands in for a sync notification refused before parsing (the server has said why)."""
+
+
+class DocumentProtocol(DscoderProtocol):
+    """Text sync goes to the server's own documents (`documents.py`), not to pygls' workspace, and a
+    version that is not an integer is refused before cattrs would coerce it ("3", true, 1.5 -> 3, 1, 1)."""
+
+    _server: DscoderServer
+
+    def structure_message(self, data: dict[str, Any]) -> Any:
+        if data.get("method") in _SYNC and "id" not in data:
+            params = data.get("params")
+            ident = params.get("textDocument") if isinstance(params, dict) else None
+            if isinstance(ident, dict) and isinstance(ident.get("uri"), str):
+                try:
+                    check_version(ident.get("version"))
+                except DocumentSyncError as exc:
+                    self._server.sync_refused(ident["uri"], data["method"], str(exc))
+                    return _Refused()
+        return super().structure_message(data)
+
+    def handle_message(self, message: Any) -> None:
+        if not isinstance(message, _Refused):
+            super().handle_message(message)
+
+    def _execute_handler(
+        self,
+        msg_id: Any,
+        handler: Any,
+        callback: Any,
+        args: tuple[Any, ...] | None = None,
+        kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super()._execute_handler(msg_id, handler, callback, args, kwargs)
+        # pygls files the future of every notification handler (and of each step of its generator
+        # handlers) under a fresh uuid that nothing removes: a Future per keystroke, kept forever.
+        # Requests remove theirs when answered, before this runs.
+        future = self._request_futures.get(msg_id)
+        if future is not None:
+
+            def forget(done: Any) -> None:
+                if self._request_futures.get(msg_id) is done:
+                    del self._request_futures[msg_id]
+
+            future.add_done_callback(forget)
+
+    # pygls' own handlers would also keep a copy of each document; these only call the server's.
+    def _user(self, method: str, params: Any) -> None:
+        if (handler := self.fm.features.get(method)) is not None:
+            handler(params)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
+    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams) -> None:
+        self._user(types.TEXT_DOCUMENT_DID_OPEN, params)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
+    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams) -> None:
+        self._user(types.TEXT_DOCUMENT_DID_CHANGE, params)
+
+    @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
+    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams) -> None:
+        self._user(types.TEXT_DOCUMENT_DID_CLOSE, params)
 
 
 class DscoderServer(LanguageServer):
     """Holds the server's state; the handlers in `server.py` are registered on it."""
 
     def __init__(self, base: Settings) -> None:
-        super().__init__("lsp-dscoder", __version__, protocol_cls=DscoderProtocol, max_workers=4)
+        super().__init__("lsp-dscoder", __version__, protocol_cls=DocumentProtocol, max_workers=4)
         self.base = base  # defaults with the command line applied
         self.settings = base
         self.stats = Stats()
+        self.documents = Documents()
         self.host = EngineHost()
         self.completer = Completer(self.host, base, self.stats)
         self.shutdown_requested = False
@@ -60,44 +129,62 @@ class DscoderServer(LanguageServer):
     def encoding(self) -> Encoding:
         return Encoding.parse(self.workspace.position_encoding)
 
-    def document(self, uri: str) -> Any:
-        doc = self.workspace.text_documents.get(unquote(uri))
-        if doc is None:
-            raise DocumentNotOpenError(uri)
-        return doc
+    def document(self, uri: str) -> Document:
+        """An open document in step with the editor (DocumentNotOpenError / DocumentOutOfSyncError)."""
+        return self.documents.get(uri)
 
-    def snapshot(self, uri: str, position: types.Position) -> Snapshot:
-        """Raises DocumentNotOpenError / PositionError (the client's mistakes)."""
-        doc = self.document(uri)
-        text = sanitize(doc.source)
-        cursor = offset_at(text, position.line, position.character, self.encoding)
-        return Snapshot(uri, doc.version, text, cursor, doc.language_id, lambda: self._context(uri, doc))
+    def snapshot(self, doc: Document, position: types.Position) -> tuple[Snapshot, types.Position]:
+        """The request's view of `doc`, and the cursor's position (the request's own unless it was past
+        the line's end or inside a character). Raises PositionError (the client's mistake)."""
+        cursor, character = doc.locate(position.line, position.character, self.encoding)
+        at = types.Position(line=position.line, character=character)
+        snap = Snapshot(doc.uri, doc.version, doc.text, cursor, doc.language_id, lambda: self._context(doc))
+        return snap, at
 
-    def position(self, snap: Snapshot, offset: int) -> types.Position:
-        line, character = position_at(snap.text, offset, self.encoding)
+    def position(self, doc: Document, offset: int) -> types.Position:
+        line, character = doc.position_at(offset, self.encoding)
         return types.Position(line=line, character=character)
 
-    def current_version(self, uri: str) -> int | None:
-        doc = self.workspace.text_documents.get(unquote(uri))
-        return None if doc is None else doc.version
+    def is_current(self, doc: Document, snap: Snapshot) -> bool:
+        return self.documents.is_current(doc, snap.version)
 
-    def _context(self, uri: str, current: Any) -> list[ContextFile]:
+    def current_version(self, uri: str) -> int | None:
+        return self.documents.version(uri)
+
+    def completion_items_wanted(self) -> bool:
+        """Whether `textDocument/completion` answers: by default only for clients that cannot show inline
+        completions (VS Code would otherwise show the suggestion twice, once in its suggest widget)."""
+        mode = self.settings.completion_fallback
+        if mode is CompletionFallback.AUTO:
+            caps = self.client_capabilities.text_document
+            return caps is None or caps.inline_completion is None
+        return mode is CompletionFallback.ALWAYS
+
+    def sync_refused(self, uri: str, method: str, reason: str) -> None:
+        """A didOpen/didChange that could not be applied: say so, and answer nothing from the old text."""
+        self.documents.refuse(uri, reason)
+        self.completer.closed(uri)
+        message = f"dscoder: {method} for {uri} refused: {reason}; no suggestions for it until it is reopened"
+        log.warning("%s", message)
+        self.show(message)
+
+    def _context(self, current: Document) -> list[ContextFile]:
         """Other open documents of the same language (any, if unknown), in URI order."""
         files = []
         root = self.workspace.root_path
-        for other_uri, doc in sorted(self.workspace.text_documents.items()):
+        for doc in self.documents:
             if len(files) >= self.settings.context_files:
                 break
-            if other_uri == unquote(uri):
+            if doc is current or doc.out_of_sync is not None:
                 continue
             if current.language_id and doc.language_id and doc.language_id != current.language_id:
                 continue
-            path = doc.path or other_uri
+            path = to_fs_path(doc.uri) or doc.uri
             if root and os.path.commonpath([os.path.abspath(path), root]) == root:
                 path = os.path.relpath(path, root)
             else:
                 path = os.path.basename(path)
-            files.append(ContextFile(path, sanitize(doc.source), doc.language_id, (other_uri, doc.version)))
+            files.append(ContextFile(path, doc.text, doc.language_id, (doc.uri, doc.version)))
         return files
 
     async def load_engine(self) -> None:

@@ -16,8 +16,8 @@ from pygls.exceptions import JsonRpcInvalidParams
 
 from lsp_dscoder import settings as settings_mod
 from lsp_dscoder.completer import Snapshot
-from lsp_dscoder.errors import ProtocolMisuse
-from lsp_dscoder.positions import sanitize
+from lsp_dscoder.errors import DocumentNotOpenError, DocumentOutOfSyncError, DocumentSyncError, ProtocolMisuse
+from lsp_dscoder.positions import units
 from lsp_dscoder.protocol import PARTIAL_COMPLETION, STATS, DscoderServer
 from lsp_dscoder.settings import Settings
 
@@ -31,15 +31,21 @@ def _word_start(text: str, cursor: int) -> int:
     return start
 
 
-async def _suggest(ls: DscoderServer, uri: str, position: types.Position) -> tuple[Snapshot, str] | None:
-    """The suggestion for a position, or None when there is none or the document changed meanwhile."""
+async def _suggest(
+    ls: DscoderServer, uri: str, position: types.Position
+) -> tuple[Snapshot, types.Position, str] | None:
+    """The suggestion for a position and the cursor's position, or None when there is none or the
+    document changed meanwhile."""
     request_id = ls.protocol.msg_id
     try:
-        snap = ls.snapshot(uri, position)
+        doc = ls.document(uri)
+        snap, at = ls.snapshot(doc, position)
+    except DocumentOutOfSyncError as exc:
+        log.info("request %s: %s", request_id, exc)
+        return None
     except ProtocolMisuse as exc:
         log.warning("request %s refused: %s", request_id, exc)
         raise JsonRpcInvalidParams(str(exc)) from exc
-    at = ls.position(snap, snap.cursor)
     where = {"line": at.line, "character": at.character}
 
     def send_partial(text: str, done: bool) -> None:
@@ -47,9 +53,9 @@ async def _suggest(ls: DscoderServer, uri: str, position: types.Position) -> tup
         ls.protocol.notify(PARTIAL_COMPLETION, {**params, "text": text, "done": done})
 
     text = await ls.completer.complete(snap, request_id, send_partial)
-    if not text or ls.current_version(uri) != snap.version:
+    if not text or not ls.is_current(doc, snap):
         return None
-    return snap, text
+    return snap, at, text
 
 
 def _apply_settings(ls: DscoderServer, raw: Any, *, reload: bool) -> None:
@@ -86,13 +92,29 @@ def create_server(base: Settings) -> DscoderServer:
             raw = (await ls.workspace_configuration_async(types.ConfigurationParams(items=[item])))[0]
         _apply_settings(ls, raw, reload=True)
 
+    @ls.feature(types.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(ls: DscoderServer, params: types.DidOpenTextDocumentParams) -> None:
+        item = params.text_document
+        if ls.documents.open(item.uri, item.language_id, item.version, item.text) is not None:
+            log.info("%s reopened: its pending requests get empty results", item.uri)
+            ls.completer.closed(item.uri)  # the old text's requests and generation end here
+
     @ls.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: DscoderServer, params: types.DidChangeTextDocumentParams) -> None:
-        doc = ls.document(params.text_document.uri)
-        ls.completer.changed(params.text_document.uri, sanitize(doc.source), doc.version)
+        ident = params.text_document
+        try:
+            doc = ls.documents.change(ident.uri, ident.version, params.content_changes, ls.encoding)
+        except DocumentNotOpenError as exc:
+            log.warning("didChange ignored: %s", exc)
+            return
+        except DocumentSyncError as exc:
+            ls.sync_refused(ident.uri, types.TEXT_DOCUMENT_DID_CHANGE, str(exc))
+            return
+        ls.completer.changed(ident.uri, doc.text, doc.version)
 
     @ls.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DscoderServer, params: types.DidCloseTextDocumentParams) -> None:
+        ls.documents.close(params.text_document.uri)
         ls.completer.closed(params.text_document.uri)
 
     @ls.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
@@ -102,20 +124,21 @@ def create_server(base: Settings) -> DscoderServer:
         found = await _suggest(ls, params.text_document.uri, params.position)
         if found is None:
             return None
-        snap, text = found
-        at = ls.position(snap, snap.cursor)
+        _, at, text = found
         item = types.InlineCompletionItem(insert_text=text, range=types.Range(start=at, end=at))
         return types.InlineCompletionList(items=[item])
 
     @ls.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions())
     async def completion(ls: DscoderServer, params: types.CompletionParams) -> types.CompletionList | None:
+        if not ls.completion_items_wanted():
+            return None  # the client shows inline completions: items would fill its suggest widget
         found = await _suggest(ls, params.text_document.uri, params.position)
         if found is None:
             return None
-        snap, text = found
+        snap, at, text = found
         start = _word_start(snap.text, snap.cursor)
-        word = snap.text[start : snap.cursor]
-        edit_range = types.Range(start=ls.position(snap, start), end=ls.position(snap, snap.cursor))
+        word = snap.text[start : snap.cursor]  # on the cursor's line: no line breaks
+        start_at = types.Position(line=at.line, character=at.character - units(word, ls.encoding))
         label = (word + text).strip().split("\n", 1)[0]
         item = types.CompletionItem(
             label=label,
@@ -123,7 +146,7 @@ def create_server(base: Settings) -> DscoderServer:
             detail="dscoder",
             filter_text=word + text,
             insert_text_format=types.InsertTextFormat.PlainText,
-            text_edit=types.TextEdit(range=edit_range, new_text=word + text),
+            text_edit=types.TextEdit(range=types.Range(start=start_at, end=at), new_text=word + text),
         )
         return types.CompletionList(is_incomplete=True, items=[item])
 

@@ -24,6 +24,14 @@ class ResponseMode(enum.Enum):
     FULL = "full"  # once generation stops
 
 
+class CompletionFallback(enum.Enum):
+    """Whether `textDocument/completion` offers the suggestion as a completion item."""
+
+    AUTO = "auto"  # only to clients that cannot show inline completions
+    ALWAYS = "always"
+    NEVER = "never"
+
+
 class DType(enum.Enum):
     AUTO = "auto"  # float32 on cpu, bfloat16 on cuda
     FLOAT32 = "float32"
@@ -52,6 +60,7 @@ class Settings:
     response_mode: ResponseMode = ResponseMode.FIRST_LINE
     debounce_ms: int = 0  # wait this long before submitting (0: no debounce)
     deadline_ms: int | None = None  # stop decoding this long after submission (None: no deadline)
+    completion_fallback: CompletionFallback = CompletionFallback.AUTO
 
     ENGINE_FIELDS = ("model", "device", "dtype", "max_context", "num_slots")
 
@@ -117,6 +126,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "response_mode": _enum(ResponseMode),
     "debounce_ms": _int_in(0, 10_000),
     "deadline_ms": _optional(_int_in(1, 3_600_000)),
+    "completion_fallback": _enum(CompletionFallback),
 }
 _BY_CAMEL = {_camel(name): name for name in _CHECKS}
 DEFAULTS = Settings()
@@ -147,7 +157,34 @@ def parse(raw: Any, base: Settings = DEFAULTS) -> tuple[Settings, list[str]]:
             shown = default.value if isinstance(default, enum.Enum) else default
             problems.append(f"dscoder: setting {key!r}: {exc}; using the default {shown!r}")
             changes[name] = default
-    return dataclasses.replace(base, **changes), problems
+    settings = dataclasses.replace(base, **changes)
+    if (room := prompt_room(settings)) < MIN_PROMPT_TOKENS:
+        # Back to the values before this change (the command line's, or the last good ones).
+        fallback = base if prompt_room(base) >= MIN_PROMPT_TOKENS else DEFAULTS
+        problems.append(_too_small(settings, room, fallback))
+        settings = dataclasses.replace(settings, **{n: getattr(fallback, n) for n in _ROOM_FIELDS})
+    return settings, problems
+
+
+# A prompt needs room for its FIM markers and some text: below this, completion could never work.
+MIN_PROMPT_TOKENS = 64
+_ROOM_FIELDS = ("max_context", "max_tokens", "middle_tokens")
+
+
+def prompt_room(s: Settings) -> int:
+    """Tokens left in the context for the prompt's head (context, prefix, suffix): what the prompt
+    builder scales its budgets into (`Budgets.fit`)."""
+    return s.max_context - s.max_tokens - s.middle_tokens - 4
+
+
+def _too_small(s: Settings, room: int, fallback: Settings) -> str:
+    need = s.max_tokens + s.middle_tokens + 4 + MIN_PROMPT_TOKENS
+    shown = ", ".join(f"{_camel(n)} {getattr(fallback, n)}" for n in _ROOM_FIELDS)
+    return (
+        f"dscoder: settings maxContext {s.max_context}, maxTokens {s.max_tokens}, middleTokens "
+        f"{s.middle_tokens} leave {room} tokens for the prompt: maxContext must be at least "
+        f"maxTokens + middleTokens + {4 + MIN_PROMPT_TOKENS} ({need}); using {shown}"
+    )
 
 
 def to_json(settings: Settings) -> dict[str, Any]:
