@@ -4,6 +4,10 @@ One forward = per layer: fused residual-add + RMSNorm, one QKV GEMM, RoPE fused 
 extend attention (decode attention for one token), one O GEMM, residual-add + RMSNorm, one gate/up GEMM,
 SwiGLU, one down GEMM; then the LM head on the last valid position only.
 
+Steps of at most 16 tokens (keystrokes, decode, small prefills) run their GEMMs on the skinny GEMM
+(kernels/skinny_gemm.py), which streams the weights closer to copy bandwidth than cuBLAS does at these M,
+with SwiGLU folded into the down projection; larger steps stay on cuBLAS.
+
 Small steps (a keystroke, a decode step) are captured as CUDA graphs per (slot, bucket): the step's
 tokens are padded to the bucket, the start position and the index of the last real token live in device
 tensors, so one replay serves any position. Padded tokens write K/V past the real ones, into rows that
@@ -26,6 +30,7 @@ from lsp_dscoder.kernels.extend_attention import extend_attention
 from lsp_dscoder.kernels.rms_norm import rms_norm
 from lsp_dscoder.kernels.rope_store import rope_cos_sin, rope_store
 from lsp_dscoder.kernels.silu_mul import silu_mul
+from lsp_dscoder.kernels.skinny_gemm import MAX_M, SkinnyWorkspace, skinny_gemm
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 Progress = Callable[[str, int, int], None]
@@ -33,10 +38,15 @@ Progress = Callable[[str, int, int], None]
 
 class FastRunner:
     """Runner (engine/generate.py) on the fast path. `graphs=False` runs the kernels eagerly (the CPU test
-    suite does so under TRITON_INTERPRET=1)."""
+    suite does so under TRITON_INTERPRET=1). `skinny=False` keeps every GEMM on cuBLAS."""
 
     def __init__(
-        self, model: Transformer, cache: KVCache, graphs: bool = True, buckets: tuple[int, ...] = BUCKETS
+        self,
+        model: Transformer,
+        cache: KVCache,
+        graphs: bool = True,
+        buckets: tuple[int, ...] = BUCKETS,
+        skinny: bool = True,
     ) -> None:
         self.model, self.cache, self.cfg = model, cache, model.cfg
         self.buckets = tuple(b for b in buckets if b <= cache.capacity - cache.max_context) if graphs else ()
@@ -53,6 +63,17 @@ class FastRunner:
         self.last = torch.zeros(1, dtype=torch.long, device=dev)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.counts = {"graph_replays": 0, "eager_forwards": 0}
+        self.skinny = skinny
+        # Split-K partials for the widest matrix (LM head or gate/up); one workspace serves every launch.
+        widest = max(cfg.vocab_size, 2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size)
+        self.workspace = SkinnyWorkspace.allocate(widest, 8, dev) if skinny else None
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+        """x @ w.T, or silu(gate) * up of x = [gate | up] @ w.T: the skinny GEMM for at most MAX_M rows,
+        cuBLAS above."""
+        if self.skinny and x.shape[0] <= MAX_M:
+            return skinny_gemm(x, w, swiglu, workspace=self.workspace)
+        return (silu_mul(x) if swiglu else x) @ w.T
 
     # -- the forward pass ------------------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, start: torch.Tensor, last: torch.Tensor, slot: int) -> torch.Tensor:
@@ -68,18 +89,18 @@ class FastRunner:
                 residual = h.clone()
             else:
                 x = rms_norm(x, layer.input_norm, cfg.rms_norm_eps, residual=residual)  # residual += mlp out
-            qkv = x @ layer.wqkv.T  # (T, (H + 2*KVH) * D)
+            qkv = self.linear(x, layer.wqkv)  # (T, (H + 2*KVH) * D)
             k_cache, v_cache = cache.k(n, slot), cache.v(n, slot)  # (KVH, capacity, D)
             q = rope_store(qkv, self.cos_sin, start, k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads)
             if t == 1:
                 attn = decode_attention(q, k_cache, v_cache, seq_len, self.scale)  # (1, H, D)
             else:
                 attn = extend_attention(q, k_cache, v_cache, start, self.scale)  # (T, H, D)
-            o = attn.view(t, cfg.q_size) @ layer.wo.T  # (T, C)
+            o = self.linear(attn.view(t, cfg.q_size), layer.wo)  # (T, C)
             x = rms_norm(o, layer.post_norm, cfg.rms_norm_eps, residual=residual)  # residual += attn out
-            x = silu_mul(x @ layer.w_gate_up.T) @ layer.w_down.T  # (T, C)
+            x = self.linear(self.linear(x, layer.w_gate_up), layer.w_down, swiglu=True)  # (T, C)
         x = rms_norm(x, w.norm, cfg.rms_norm_eps, residual=residual)  # (T, C)
-        return (x.index_select(0, last) @ w.lm_head.T).float()  # (1, V): LM head on one row
+        return self.linear(x.index_select(0, last), w.lm_head).float()  # (1, V): LM head on one row
 
     # -- Runner protocol -------------------------------------------------------------------------------
     def prefill(self, ids: torch.Tensor, start: int, slot: int) -> torch.Tensor:

@@ -1,0 +1,219 @@
+"""y = x @ W.T for a handful of rows (M <= 16): the GEMMs of a keystroke, a decode step or a small prefill.
+
+At these M the product is a weight stream: every byte of W (N, K) is read once and used M times, so the
+kernel is judged by the fraction of copy bandwidth it reaches, not by FLOPs. Programs take BLOCK_N output
+columns (BLOCK_N rows of W) and, where the N blocks alone cannot keep every SM streaming, a share of K
+(split-K). Tiles of W are (BLOCK_N, BLOCK_K) with K fastest: 16-byte loads along each weight row, several
+stages in flight. x is padded to 16 rows for tl.dot (the tensor cores take M >= 16); its padding rows are
+masked loads, so they cost no memory traffic.
+
+Split-K without a second launch: each share writes its fp32 partial to a workspace, then bumps a counter of
+its N block; the share that arrives last sums the partials in split order (deterministic) and writes y, and
+resets the counter, so a CUDA graph replays with the workspace as it found it.
+
+SWIGLU=True takes x as the gate/up projection output (M, 2K) and multiplies by silu(gate) * up, computed in
+fp32 and rounded once as kernels/silu_mul.py does: the down projection without the SwiGLU launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .contract import FLOAT_DTYPES, check_out, check_tensor, interpreting
+from .split_kv import dot_operands_fp32, dot_precision
+
+MAX_M = 16  # rows of x a program holds: one tl.dot tile
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """Tiles of one launch. split_k shares of K per N block; warps and stages as Triton takes them."""
+
+    block_n: int = 16
+    block_k: int = 256
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+@triton.jit
+def _skinny_kernel(
+    x_ptr,  # (M, K), or (M, 2K) [gate | up] when SWIGLU
+    w_ptr,  # (N, K)
+    out_ptr,  # (M, N)
+    part_ptr,  # (SPLIT_K, M, N) fp32 partials when SPLIT_K > 1
+    count_ptr,  # (cdiv(N, BLOCK_N),) int32, zero between launches, when SPLIT_K > 1
+    M,
+    N,
+    K,
+    k_per_split,  # a multiple of BLOCK_K
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    EVEN_K: tl.constexpr,  # K == SPLIT_K * k_per_split: no K masks
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    # Rows past N read row N-1 again instead of a masked load: the mask would be per row, and a clamped
+    # index keeps every W load unmasked along K (the columns past N are never stored).
+    rn_safe = tl.minimum(rn, N - 1)
+    k_lo = pid_k * k_per_split
+    x_row = rm.to(tl.int64)[:, None] * (2 * K if SWIGLU else K)
+    w_row = rn_safe.to(tl.int64)[:, None] * K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, k_per_split, BLOCK_K):
+        kk = k_lo + k0 + rk
+        if EVEN_K:
+            w = tl.load(w_ptr + w_row + kk[None, :])
+            x_mask = m_ok[:, None]
+        else:
+            w = tl.load(w_ptr + w_row + kk[None, :], mask=(kk < K)[None, :], other=0.0)
+            x_mask = m_ok[:, None] & (kk < K)[None, :]
+        if SWIGLU:
+            gate = tl.load(x_ptr + x_row + kk[None, :], mask=x_mask, other=0.0).to(tl.float32)
+            up = tl.load(x_ptr + x_row + K + kk[None, :], mask=x_mask, other=0.0).to(tl.float32)
+            a = (gate * tl.sigmoid(gate) * up).to(w_ptr.dtype.element_ty)
+        else:
+            a = tl.load(x_ptr + x_row + kk[None, :], mask=x_mask, other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
+
+    out_off = rm[:, None] * N + rn[None, :]
+    out_mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptr + out_off, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tl.store(part_ptr + pid_k * M * N + out_off, acc, mask=out_mask)
+        # Every thread's partial is stored before the one release below makes them visible.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            for s in range(SPLIT_K):
+                # .cg: from L2, where the other shares' stores are, never a stale L1 line.
+                total += tl.load(
+                    part_ptr + s * M * N + out_off, mask=out_mask, other=0.0, cache_modifier=".cg"
+                )
+            tl.store(out_ptr + out_off, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+
+
+@dataclass(frozen=True)
+class SkinnyWorkspace:
+    """Split-K partials and arrival counters, owned by the caller so CUDA graphs see fixed addresses.
+
+    One workspace serves any number of launches in stream order (each leaves the counters at zero)."""
+
+    partials: torch.Tensor  # (max_split * MAX_M * max_n,) fp32
+    counts: torch.Tensor  # (max_blocks,) int32
+
+    @staticmethod
+    def allocate(max_n: int, max_split: int, device: torch.device, min_block_n: int = 16) -> SkinnyWorkspace:
+        return SkinnyWorkspace(
+            torch.empty(max_split * MAX_M * max_n, dtype=torch.float32, device=device),
+            torch.zeros(triton.cdiv(max_n, min_block_n), dtype=torch.int32, device=device),
+        )
+
+
+def default_config(m: int, n: int, k: int, device: torch.device) -> SkinnyConfig:
+    """Tiles from the shape and the SM count. Enough programs that every SM streams (split-K when the
+    N blocks alone are too few), wide enough N blocks at M = 16 that re-reading x (from L2) stays small
+    beside the weight stream."""
+    if interpreting() or device.type != "cuda":
+        return SkinnyConfig(block_n=16, block_k=32, split_k=1, num_warps=4, num_stages=1)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    block_n = 16 if m <= 8 else 32
+    block_k = 256
+    blocks = triton.cdiv(n, block_n)
+    split = 1
+    # Two programs per SM, each with its own K share of at least two tiles.
+    while blocks * split < 2 * sms and k // (2 * split) >= 2 * block_k and split < 8:
+        split *= 2
+    return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split, num_warps=4, num_stages=4)
+
+
+def skinny_gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    swiglu: bool = False,
+    out: torch.Tensor | None = None,
+    config: SkinnyConfig | None = None,
+    workspace: SkinnyWorkspace | None = None,
+) -> torch.Tensor:
+    """x (M, K) @ w (N, K).T -> (M, N) in x.dtype, M <= 16; with swiglu, x is (M, 2K) [gate | up] and the
+    product is (silu(gate) * up) @ w.T. Split-K configs need a workspace (one is allocated if none)."""
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
+    check_tensor("w", w, ndim=2, dtypes=(x.dtype,), device=x.device)
+    m, width = x.shape
+    n, k = w.shape
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"x must have 1..{MAX_M} rows (larger M belongs to a tiled GEMM), got {m}")
+    if width != (2 * k if swiglu else k):
+        want = f"2 * {k} ([gate | up])" if swiglu else str(k)
+        raise ValueError(f"x has {width} columns, w {k}: x must have {want}")
+    if n < 1 or k < 1:
+        raise ValueError(f"w must be non-empty, got shape {tuple(w.shape)}")
+    out = check_out(out, (m, n), x.dtype, x.device)
+    cfg = config or default_config(m, n, k, x.device)
+    for name in ("block_n", "block_k"):
+        size = getattr(cfg, name)
+        if size < 16 or size & (size - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {size}")
+    if cfg.split_k < 1:
+        raise ValueError(f"split_k must be >= 1, got {cfg.split_k}")
+    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+    split = triton.cdiv(k, k_per_split)  # shares that hold any K at all
+    blocks = triton.cdiv(n, cfg.block_n)
+    if split > 1:
+        if workspace is None:
+            workspace = SkinnyWorkspace.allocate(n, split, x.device, cfg.block_n)
+        if workspace.partials.numel() < split * m * n or workspace.counts.numel() < blocks:
+            raise ValueError(f"workspace too small for split_k {split}, M {m}, N {n}, {blocks} N blocks")
+        part, counts = workspace.partials, workspace.counts
+    else:
+        part, counts = out, out  # never touched without split-K
+    _skinny_kernel[(blocks, split)](
+        x,
+        w,
+        out,
+        part,
+        counts,
+        m,
+        n,
+        k,
+        k_per_split,
+        BLOCK_M=MAX_M,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        SPLIT_K=split,
+        SWIGLU=swiglu,
+        EVEN_K=split * k_per_split == k,
+        UPCAST=dot_operands_fp32(x.dtype),
+        PRECISION=dot_precision(x.dtype),
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return out
+
+
+def skinny_gemm_ref(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
+    """Plain PyTorch, fp32 products and sums, one rounding (the test oracle)."""
+    if swiglu:
+        gate, up = x.float().chunk(2, dim=-1)
+        x = (torch.nn.functional.silu(gate) * up).to(x.dtype)
+    return (x.float() @ w.float().T).to(x.dtype)

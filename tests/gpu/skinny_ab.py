@@ -1,0 +1,129 @@
+"""The fast path with the skinny GEMM against the same fast path on cuBLAS, in one process on the same
+random weights (DeepSeek-Coder shapes, bf16): step times and logits, run by hand on a CUDA machine.
+
+    python -m tests.gpu.skinny_ab [--shapes 1.3B,6.7B] [--reps 20]
+
+Each step is one CUDA graph replay plus the argmax, timed with device events (median). Both runners share
+one KV slot, filled once by a 4K prefill; logits of the same steps are compared with each other and with
+the reference path (plain PyTorch), relative L2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from lsp_dscoder.engine.config import ModelConfig
+from lsp_dscoder.engine.fast import BUCKETS, FastRunner
+from lsp_dscoder.engine.kv_cache import KVCache
+from lsp_dscoder.engine.model import Transformer
+from lsp_dscoder.engine.weights import random_weights
+from lsp_dscoder.kernels import shapes
+
+PREFIX = 4096
+STEPS = {"decode @4K": 1, "keystroke +4 @4K": 4, "+16 @4K": 16}
+
+
+def config(m: shapes.Model) -> ModelConfig:
+    return ModelConfig.from_dict(
+        {
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "vocab_size": shapes.VOCAB_SIZE,
+            "hidden_size": m.hidden,
+            "intermediate_size": m.inter,
+            "num_hidden_layers": m.layers,
+            "num_attention_heads": m.heads,
+            "num_key_value_heads": m.kv_heads,
+            "rms_norm_eps": shapes.RMS_NORM_EPS,
+            "rope_theta": shapes.ROPE_THETA,
+            "rope_scaling": {"type": "linear", "factor": shapes.ROPE_LINEAR_FACTOR},
+            "max_position_embeddings": shapes.MAX_POSITIONS,
+        }
+    )
+
+
+def events_ms(fn: Callable[[], object], reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def run_shape(m: shapes.Model, reps: int, copy_bw: float) -> None:
+    cfg = config(m)
+    dev = torch.device("cuda")
+    cache = KVCache(cfg, 1, 8192 + 64, dev, torch.bfloat16, pad=max(BUCKETS))
+    model = Transformer(cfg, random_weights(cfg, dev, torch.bfloat16), cache.capacity)
+    runners = {"cuBLAS": FastRunner(model, cache, skinny=False), "skinny": FastRunner(model, cache)}
+    for r in runners.values():
+        r.capture()
+    gen = torch.Generator(dev).manual_seed(0)
+    ids = torch.randint(2, cfg.vocab_size, (PREFIX + 16,), device=dev, generator=gen)
+    runners["cuBLAS"].prefill(ids[:PREFIX], 0, 0)
+    w = model.w
+    weight_bytes = (
+        sum(
+            t.numel() * t.element_size()
+            for layer in w.layers
+            for t in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
+        )
+        + w.lm_head.numel() * 2
+    )
+    kv_bytes = 2 * cfg.num_layers * cfg.kv_size * PREFIX * 2
+    floor = (weight_bytes + kv_bytes) / copy_bw * 1e3
+    print(
+        f"\n{m.name}: floor {floor:.3f} ms (weights {weight_bytes / 1e9:.2f} GB + KV "
+        f"{kv_bytes / 1e9:.2f} GB at {copy_bw / 1e12:.2f} TB/s)"
+    )
+    print(
+        f"{'step':18s} {'cuBLAS ms':>9s} {'skinny ms':>9s} {'x floor':>7s} {'speedup':>7s} "
+        f"{'skinny vs cuBLAS':>16s} {'skinny vs ref':>13s} {'cuBLAS vs ref':>13s}"
+    )
+    for name, new in STEPS.items():
+        new_ids = ids[PREFIX : PREFIX + new]
+
+        def step(r: FastRunner, new_ids: torch.Tensor = new_ids, new: int = new) -> torch.Tensor:
+            if new == 1:
+                return r.decode(int(new_ids[0]), PREFIX, 0)
+            return r.prefill(new_ids, PREFIX, 0)
+
+        logits = {k: step(r) for k, r in runners.items()}
+        ref = model.forward_reference(new_ids, PREFIX, cache, 0)
+        ms = {k: events_ms(lambda r=r: step(r).argmax(-1), reps) for k, r in runners.items()}
+        print(
+            f"{name:18s} {ms['cuBLAS']:9.3f} {ms['skinny']:9.3f} {ms['skinny'] / floor:7.2f} "
+            f"{ms['cuBLAS'] / ms['skinny']:6.2f}x {rel(logits['skinny'], logits['cuBLAS']):16.2e} "
+            f"{rel(logits['skinny'], ref):13.2e} {rel(logits['cuBLAS'], ref):13.2e}"
+        )
+    del runners, model, cache
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="1.3B,6.7B")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    a = torch.empty(2**28, device="cuda")
+    b = torch.empty_like(a).normal_()
+    copy_bw = 2 * a.numel() * 4 / (events_ms(lambda: a.copy_(b), 10) * 1e-3)
+    for name in args.shapes.split(","):
+        run_shape(shapes.by_name(name), args.reps, copy_bw)
+
+
+if __name__ == "__main__":
+    main()
