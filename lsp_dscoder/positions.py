@@ -126,7 +126,7 @@ class LineIndex:
             step = min(character - used, end - offset)  # each character is at least one unit
             while True:
                 chunk = text[offset : offset + step]
-                scan.chars += step
+                scan.chars += 0 if chunk.isascii() else step  # ASCII: a copy, no character looked at
                 size = units(chunk, encoding)
                 if used + size <= character:
                     offset, used = offset + step, used + size
@@ -140,8 +140,9 @@ class LineIndex:
         """(line, character) of a string offset, in the client's units."""
         line = int(np.searchsorted(self.starts, offset, "right")) - 1
         start = int(self.starts[line])
-        scan.chars += offset - start
-        return line, units(text[start:offset], encoding)
+        before = text[start:offset]
+        scan.chars += 0 if before.isascii() else len(before)
+        return line, units(before, encoding)
 
 
 def offset_at(text: str, line: int, character: int, encoding: Encoding) -> int:

@@ -3,16 +3,21 @@ work per keystroke bounded by the edit, and strict sync (invalid changes refused
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 
 import pytest
+import pytest_asyncio
 from lsprotocol import types
 
 from lsp_dscoder.documents import Document, Documents
 from lsp_dscoder.errors import DocumentNotOpenError, DocumentOutOfSyncError, DocumentSyncError
 from lsp_dscoder.positions import Encoding, LineIndex, Scan, position_at
+from tests.lsp.client import Editor, start
 
 URI = "file:///work/a.py"
+BODY = "def main(args):\n    \n"
 
 
 def change(sl: int, sc: int, el: int, ec: int, text: str) -> types.TextDocumentContentChangePartial:
@@ -143,3 +148,115 @@ def test_reopen_replaces_close_forgets():
     assert docs.close(URI) and not docs.close(URI) and len(docs) == 0
     with pytest.raises(DocumentNotOpenError):
         docs.change(URI, 4, [whole("x")], Encoding.UTF16)
+
+
+def test_a_five_megabyte_line_costs_a_keystroke_nothing_big():
+    doc = Document(URI, "python", 1, "x = '" + "a" * 5_000_000 + "'")
+    before = doc.scan.chars
+    for version, column in enumerate(range(5_000_006, 5_000_016), start=2):
+        doc.apply(version, [change(0, column, 0, column, "b")], Encoding.UTF16)
+        doc.position_at(doc.locate(0, column + 1, Encoding.UTF16)[0], Encoding.UTF16)
+    assert doc.scan.chars - before <= 10 * 4  # ASCII line: positions are arithmetic, not scans
+    assert doc.text.endswith("'" + "b" * 10)
+
+
+# The real server (stdio), debug log to a file: its prompts show the text it holds.
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def server(tiny_model, tmp_path_factory):
+    log_file = tmp_path_factory.mktemp("log") / "server.log"
+    ed = await start(tiny_model, "--log-file", str(log_file), "--log-level", "debug")
+    ed.log_file = log_file  # type: ignore[attr-defined]
+    yield ed
+    await ed.client.shutdown_session()
+    await ed.client.stop()
+
+
+def raw(editor: Editor, message: dict) -> None:
+    body = json.dumps(message).encode()
+    editor.client._server.stdin.write(b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def did_change(uri: str, version: object, *changes: dict) -> dict:
+    params = {"textDocument": {"uri": uri, "version": version}, "contentChanges": list(changes)}
+    return {"jsonrpc": "2.0", "method": "textDocument/didChange", "params": params}
+
+
+def insert_at(line: int, character: int, text: str, end: tuple[int, int] | None = None) -> dict:
+    end_line, end_character = end or (line, character)
+    return {
+        "range": {
+            "start": {"line": line, "character": character},
+            "end": {"line": end_line, "character": end_character},
+        },
+        "text": text,
+    }
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_server_keeps_form_feeds_and_separators_inside_lines(server):
+    doc = server.open("file:///work/ff.py", "import os\n\x0c\ndef f():\u2028\x85\n    ")
+    server.insert(doc, len("import os\n\x0c\n"), "X", line=2, character=0)
+    request = server.inline(doc, 3, 4)
+    await request.result()
+    assert (await server.record(request))["version"] == 2
+    prompts = [line for line in server.log_file.read_text().splitlines() if " prompt (" in line]
+    assert "'import os\\n\\x0c\\nXdef f():\\u2028\\x85\\n'" in prompts[-1]  # "    ": healed
+
+
+async def next_message(editor: Editor, count: int) -> str:
+    async def wait() -> str:
+        while len(editor.client.messages) <= count:
+            await asyncio.sleep(0.01)
+        return editor.client.messages[count].message
+
+    return await asyncio.wait_for(wait(), 30)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_invalid_sync_is_refused_with_a_message_and_a_reopen_recovers(server):
+    uri = "file:///work/strict.py"
+    cases = [
+        (did_change(uri, "3", insert_at(0, 0, "X")), "version '3' is not an integer"),
+        (did_change(uri, True, insert_at(0, 0, "X")), "version True is not an integer"),
+        (did_change(uri, 1.5, insert_at(0, 0, "X")), "version 1.5 is not an integer"),
+        (did_change(uri, 2, insert_at(1, 4, "X", end=(1, 0))), "change 0: reversed range (1,4)-(1,0)"),
+        (
+            did_change(uri, 2, insert_at(7, 0, "X")),
+            "change 0: range (7,0)-(7,0): line 7 is past the end of the document (3 lines)",
+        ),
+        (did_change(uri, 1, insert_at(0, 0, "X")), "version 1 does not follow version 1"),
+    ]
+    for message, reason in cases:
+        doc = server.open(uri, BODY)
+        seen = len(server.client.messages)
+        raw(server, message)
+        assert await next_message(server, seen) == (
+            f"dscoder: textDocument/didChange for {uri} refused: {reason}; "
+            "no suggestions for it until it is reopened"
+        )
+        request = server.inline(doc, 1, 4)
+        assert await request.result() is None
+        assert (await server.stats())["requests"]["recent"][-1]["requestId"] != request.id  # not served
+    doc = server.open(uri, BODY)
+    server.insert(doc, len(BODY), "x", line=2, character=0)
+    request = server.inline(doc, 2, 1)
+    await request.result()
+    assert (await server.record(request))["version"] == 2
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_second_did_open_answers_requests_for_the_old_text_with_null(server):
+    uri = "file:///work/reopen.py"
+    doc = server.open(uri, BODY)
+    settings = types.DidChangeConfigurationParams(settings={"dscoder": {"debounceMs": 300}})
+    server.client.workspace_did_change_configuration(settings)
+    try:
+        request = server.inline(doc, 1, 4)  # waits 300 ms before it starts
+        server.open(uri, "x = 1\n")  # the same version, another text
+        assert await request.result() is None
+    finally:
+        settings = types.DidChangeConfigurationParams(settings={"dscoder": {"debounceMs": 0}})
+        server.client.workspace_did_change_configuration(settings)
+    assert (await server.record(request))["uri"] == uri
