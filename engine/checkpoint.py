@@ -27,7 +27,12 @@ def resolve_model(spec: str | Path, revision: str = "main") -> Path:
     if path.is_dir():
         return path
     text = str(spec)
-    if not REPO_ID.match(text) or path.exists():
+    if path.exists():
+        raise CheckpointError(
+            f"model {text} is a file, not a checkpoint folder (the folder holding config.json, "
+            "tokenizer.json and the *.safetensors weights)"
+        )
+    if not REPO_ID.match(text):
         raise CheckpointError(f"model folder {text} does not exist")
     repo = hf_cache_dir() / ("models--" + text.replace("/", "--"))
     snapshots = repo / "snapshots"

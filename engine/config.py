@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -40,13 +41,16 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @classmethod
-    def from_dict(cls, raw: dict, source: str = "config.json") -> ModelConfig:
+    def from_dict(cls, raw: Any, source: str = "config.json") -> ModelConfig:
+        if not isinstance(raw, dict):
+            raise ConfigValueError(f"{source} must hold a JSON object, not a JSON {_json_kind(raw)}")
         if "auto_map" in raw:
             raise UnsupportedModelError(
                 f"{source} asks for custom model code (auto_map); lsp-dscoder never runs remote code "
                 "(trust_remote_code) and supports only LlamaForCausalLM checkpoints such as DeepSeek-Coder"
             )
         archs = raw.get("architectures") or []
+        archs = [str(a) for a in archs] if isinstance(archs, list) else [str(archs)]
         if raw.get("model_type") != "llama" or not any(a in SUPPORTED_ARCHITECTURES for a in archs):
             found = ", ".join(archs) or raw.get("model_type") or "unknown"
             raise UnsupportedModelError(
@@ -62,27 +66,27 @@ class ModelConfig:
                 f"{source}: hidden_act={raw['hidden_act']!r} is not supported (silu only)"
             )
         try:
-            hidden = int(raw["hidden_size"])
-            heads = int(raw["num_attention_heads"])
+            hidden = _int(raw, "hidden_size", source)
+            heads = _int(raw, "num_attention_heads", source)
             theta, factor = _rope(raw, source)
             eos = raw.get("eos_token_id")
             if isinstance(eos, list):
                 eos = eos[0] if eos else None
             return cls(
-                vocab_size=int(raw["vocab_size"]),
+                vocab_size=_int(raw, "vocab_size", source),
                 hidden_size=hidden,
-                intermediate_size=int(raw["intermediate_size"]),
-                num_layers=int(raw["num_hidden_layers"]),
+                intermediate_size=_int(raw, "intermediate_size", source),
+                num_layers=_int(raw, "num_hidden_layers", source),
                 num_heads=heads,
-                num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-                head_dim=int(raw.get("head_dim") or hidden // heads),
-                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                num_kv_heads=_int(raw, "num_key_value_heads", source, default=heads),
+                head_dim=_int(raw, "head_dim", source, default=hidden // heads),
+                rms_norm_eps=_float(raw, "rms_norm_eps", source, 1e-6),
                 rope_theta=theta,
                 rope_scaling_factor=factor,
-                max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+                max_position_embeddings=_int(raw, "max_position_embeddings", source, default=4096),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                bos_token_id=raw.get("bos_token_id"),
-                eos_token_id=eos,
+                bos_token_id=_token_id(raw.get("bos_token_id"), "bos_token_id", source),
+                eos_token_id=_token_id(eos, "eos_token_id", source),
             ).validated(source)
         except KeyError as e:
             raise CheckpointError(f"{source} lacks the required key {e.args[0]!r}") from None
@@ -111,15 +115,53 @@ class ModelConfig:
         return self
 
 
-def _rope(raw: dict, source: str) -> tuple[float, float]:
+class ConfigValueError(CheckpointError, ValueError):
+    """A config.json value that cannot describe a model (names the field and the value)."""
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(
+        type(value), "null" if value is None else type(value).__name__
+    )
+
+
+def _int(raw: dict[str, Any], key: str, source: str, default: int | None = None) -> int:
+    """A positive integer field (JSON null or absent: the default, if there is one)."""
+    value = raw[key] if default is None else raw.get(key)
+    if value is None and default is not None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigValueError(f"{source}: {key}={json.dumps(value)} must be a positive integer")
+    return value
+
+
+def _float(raw: dict[str, Any], key: str, source: str, default: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise ConfigValueError(f"{source}: {key}={json.dumps(value)} must be a positive number")
+    return float(value)
+
+
+def _token_id(value: Any, key: str, source: str) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ConfigValueError(f"{source}: {key}={json.dumps(value)} must be a token id (an integer >= 0)")
+    return value
+
+
+def _rope(raw: dict[str, Any], source: str) -> tuple[float, float]:
     """(theta, linear factor) from either `rope_scaling` (transformers 4) or `rope_parameters` (5)."""
-    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    key = "rope_parameters" if raw.get("rope_parameters") else "rope_scaling"
+    params = raw.get(key) or {}
+    if not isinstance(params, dict):
+        raise ConfigValueError(f"{source}: {key}={json.dumps(params)} must be a JSON object")
+    theta = _float({"rope_theta": raw.get("rope_theta", 10000.0), **params}, "rope_theta", source, 10000.0)
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "default":
         return theta, 1.0
     if kind == "linear":
-        return theta, float(params["factor"])
+        if "factor" not in params:
+            raise ConfigValueError(f"{source}: linear rope scaling without a factor")
+        return theta, _float(params, "factor", source, 1.0)
     raise UnsupportedModelError(f"{source}: rope scaling {kind!r} is not supported (linear or none)")
 
 

@@ -162,3 +162,36 @@ def test_fast_path_on_cpu_is_refused_clearly(tiny_model: Path) -> None:
         Engine(EngineConfig(model=tiny_model, max_context=64, fast_path=True))
     with Engine(EngineConfig(model=tiny_model, max_context=64)) as eng:  # auto: the reference path on CPU
         assert eng.fast_path is False
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (None, "config.json must hold a JSON object, not a JSON array"),
+        ({"num_attention_heads": 0}, "config.json: num_attention_heads=0 must be a positive integer"),
+        ({"num_attention_heads": "4"}, 'config.json: num_attention_heads="4" must be a positive integer'),
+        ({"num_key_value_heads": 0}, "config.json: num_key_value_heads=0 must be a positive integer"),
+        ({"hidden_size": 64.5}, "config.json: hidden_size=64.5 must be a positive integer"),
+        ({"num_hidden_layers": True}, "config.json: num_hidden_layers=true must be a positive integer"),
+        ({"vocab_size": -5}, "config.json: vocab_size=-5 must be a positive integer"),
+        ({"rms_norm_eps": "tiny"}, 'config.json: rms_norm_eps="tiny" must be a positive number'),
+        ({"rope_parameters": [2]}, "config.json: rope_parameters=\\[2\\] must be a JSON object"),
+        ({"eos_token_id": "x"}, 'config.json: eos_token_id="x" must be a token id'),
+    ],
+)
+def test_nonsense_config_values_name_the_field_and_value(copy, changes, message) -> None:
+    from lsp_dscoder.engine.config import ConfigValueError
+
+    folder = copy()
+    if changes is None:
+        (folder / "config.json").write_text("[1, 2]")
+    else:
+        edit_config(folder, **changes)
+    with pytest.raises(ConfigValueError, match=message) as error:
+        load(folder)
+    assert isinstance(error.value, ValueError) and isinstance(error.value, CheckpointError)
+
+
+def test_a_file_given_as_the_model_folder(tiny_model: Path) -> None:
+    with pytest.raises(CheckpointError, match=r"config.json is a file, not a checkpoint folder"):
+        resolve_model(tiny_model / "config.json")
