@@ -32,6 +32,20 @@ class CompletionFallback(enum.Enum):
     NEVER = "never"
 
 
+class BackendKind(enum.Enum):
+    """Where the tokens come from."""
+
+    LOCAL = "local"  # the in-process engine
+    REMOTE = "remote"  # an OpenAI-compatible /v1/completions endpoint (vLLM, SGLang, llama.cpp's server)
+
+
+class RemotePrompt(enum.Enum):
+    """How the remote endpoint gets the prompt."""
+
+    TOKENS = "tokens"  # token ids, and the generated ids asked back (vLLM, llama.cpp's server)
+    TEXT = "text"  # text with the FIM markers spelled out (any endpoint, e.g. SGLang)
+
+
 class DType(enum.Enum):
     AUTO = "auto"  # float32 on cpu, bfloat16 on cuda
     FLOAT32 = "float32"
@@ -61,8 +75,20 @@ class Settings:
     debounce_ms: int = 0  # wait this long before submitting (0: no debounce)
     deadline_ms: int | None = None  # stop decoding this long after submission (None: no deadline)
     completion_fallback: CompletionFallback = CompletionFallback.AUTO
+    # Backend: changing any of these reloads it. `model` still names the tokenizer for "remote".
+    backend: BackendKind = BackendKind.LOCAL
+    endpoint: str | None = None  # remote: http(s)://host:port of the serving engine
+    remote_model: str | None = None  # remote: the served model's name (None: the first it lists)
+    api_key_env: str | None = None  # remote: environment variable holding the API key (never logged)
+    remote_prompt: RemotePrompt = RemotePrompt.TOKENS
+    connect_timeout_ms: int = 2000  # remote: opening a connection
+    first_token_timeout_ms: int = 10_000  # remote: from the request to the first streamed chunk
+    read_timeout_ms: int = 5000  # remote: between two streamed chunks
 
-    ENGINE_FIELDS = ("model", "device", "dtype", "max_context", "num_slots")
+    ENGINE_FIELDS = (
+        "model", "device", "dtype", "max_context", "num_slots", "backend", "endpoint", "remote_model",
+        "api_key_env", "remote_prompt", "connect_timeout_ms", "first_token_timeout_ms", "read_timeout_ms",
+    )  # fmt: skip
 
     def engine_key(self) -> tuple:
         return tuple(getattr(self, name) for name in self.ENGINE_FIELDS)
@@ -103,6 +129,24 @@ def _device(value: Any) -> str:
     return value
 
 
+def _url(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"https?://[^/?#@\s]+(/[^?#\s]*)?", value):
+        raise ValueError(f"expected an http(s)://host:port URL, got {value!r}")
+    return value
+
+
+def _env_name(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        raise ValueError(f"expected the name of an environment variable, got {value!r}")
+    return value
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"expected a model name, got {value!r}")
+    return value
+
+
 def _path(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"expected a folder path, got {value!r}")
@@ -127,6 +171,14 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "debounce_ms": _int_in(0, 10_000),
     "deadline_ms": _optional(_int_in(1, 3_600_000)),
     "completion_fallback": _enum(CompletionFallback),
+    "backend": _enum(BackendKind),
+    "endpoint": _optional(_url),
+    "remote_model": _optional(_name),
+    "api_key_env": _optional(_env_name),
+    "remote_prompt": _enum(RemotePrompt),
+    "connect_timeout_ms": _int_in(1, 600_000),
+    "first_token_timeout_ms": _int_in(1, 600_000),
+    "read_timeout_ms": _int_in(1, 600_000),
 }
 _BY_CAMEL = {_camel(name): name for name in _CHECKS}
 DEFAULTS = Settings()

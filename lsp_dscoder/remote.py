@@ -1,0 +1,368 @@
+"""The `remote` backend: completions from an OpenAI-compatible serving engine (vLLM, SGLang, llama.cpp's
+server) through `/v1/completions` with `stream: true`, behind the same API as the in-process engine.
+
+The prompt is built locally with the checkpoint's tokenizer, exactly as for the in-process engine, and
+sent as token ids (vLLM and llama.cpp accept them) or as text. Typing only appends to it, so the engine's
+prefix cache (vLLM's automatic prefix caching, SGLang's radix cache, llama.cpp's `cache_prompt`) serves
+each keystroke. Each request runs on a worker thread holding a keep-alive connection; cancelling cuts its
+connection at once, which is how an HTTP client tells these engines to stop generating.
+
+Token healing: the endpoints offer no portable way to constrain the first tokens to those spelling a
+text (OpenAI's `logit_bias` would have to ban most of the vocabulary, for every token). The typed text
+the prompt builder leaves for healing is tokenised and appended to the prompt instead, and reported as
+the completion's first (healed, invisible) tokens: the completion is what the model writes after the
+typed text, as with healing off.
+
+Failures (nothing listening, too slow, HTTP errors, a dropped or malformed stream) end the request with
+what was streamed so far; the endpoint is then marked unreachable and requests fail fast, without network,
+until a probe on a backoff schedule finds it again. Each outage is announced once through `notify`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lsp_dscoder.engine.api import Completion, CompletionRequest, StopReason
+from lsp_dscoder.engine.engine import CompletionHandle
+from lsp_dscoder.engine.errors import ContextOverflowError, EngineClosedError, EngineError
+from lsp_dscoder.engine.tokenizer import Tokenizer
+from lsp_dscoder.remote_health import Health, Notify
+from lsp_dscoder.remote_http import (
+    ConnectionPool,
+    Endpoint,
+    HttpStatusError,
+    RemoteError,
+    abort,
+    check_status,
+    request_json,
+    set_read_timeout,
+    sse_events,
+)
+from lsp_dscoder.remote_stream import RemoteCompletionStats, StreamDecoder, parse_chunk
+
+log = logging.getLogger(__name__)
+
+_WORKERS = 8  # requests in flight at once (one per document being completed, and probes)
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    endpoint: str  # http(s)://host:port, optionally with a path prefix
+    tokenizer: Path  # checkpoint folder whose tokenizer files match the served model
+    model: str | None = None  # the served model's name; None: the first one the endpoint lists
+    api_key_env: str | None = None  # environment variable holding the API key (sent as a bearer token)
+    token_ids: bool = True  # send the prompt as token ids and ask for generated ids; False: text
+    max_context: int = 4096
+    connect_timeout_s: float = 2.0
+    first_token_timeout_s: float = 10.0
+    read_timeout_s: float = 5.0
+    extra: Mapping[str, Any] = field(default_factory=dict)  # more request fields (benchmarks, tests)
+
+    def __post_init__(self) -> None:
+        Endpoint.parse(self.endpoint)  # ValueError naming the bad URL
+        for name in ("connect_timeout_s", "first_token_timeout_s", "read_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.max_context < 16:
+            raise ValueError(f"max_context must be >= 16, got {self.max_context}")
+
+
+class RemoteHandle(CompletionHandle):
+    """A CompletionHandle whose cancel also cuts the HTTP stream, so the engine stops at once."""
+
+    def __init__(self, request: CompletionRequest) -> None:
+        super().__init__(request)
+        self._conn_lock = threading.Lock()
+        self._conn: http.client.HTTPConnection | None = None
+
+    def cancel(self) -> None:
+        super().cancel()
+        with self._conn_lock:
+            if self._conn is not None:
+                abort(self._conn)
+
+    def attach(self, conn: http.client.HTTPConnection | None) -> None:
+        with self._conn_lock:
+            self._conn = conn
+            if conn is not None and self.cancelled:
+                abort(conn)
+
+
+class RemoteBackend:
+    """An engine whose tokens come from an OpenAI-compatible endpoint."""
+
+    def __init__(self, config: RemoteConfig, notify: Notify | None = None) -> None:
+        self.config = config
+        self.endpoint = Endpoint.parse(config.endpoint)
+        self.tokenizer = Tokenizer(config.tokenizer)
+        self.max_context = config.max_context
+        self._text_tokenizer: Any = None
+        if not config.token_ids:  # decoding a prompt to text keeps its FIM tokens
+            from tokenizers import Tokenizer as HFTokenizer
+
+            self._text_tokenizer = HFTokenizer.from_file(str(config.tokenizer / "tokenizer.json"))
+        self._key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
+        if config.api_key_env and not self._key:
+            log.warning(
+                "environment variable %s is empty: requests go without an API key", config.api_key_env
+            )
+        self._pool = ConnectionPool(self.endpoint, config.connect_timeout_s)
+        self._workers = concurrent.futures.ThreadPoolExecutor(
+            _WORKERS, thread_name_prefix="lsp-dscoder-remote"
+        )
+        self.model = config.model
+        self.health = Health(str(self.endpoint), self._probe, notify)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._counters = dict.fromkeys(
+            ("requests", "completed", "cancelled", "errors", "prompt_tokens", "reused_tokens",
+             "prefilled_tokens", "generated_tokens"),
+            0,
+        )  # fmt: skip
+        self._ttfts: deque[float] = deque(maxlen=1000)
+        self._last_backend: dict[str, Any] | None = None
+        self.health.start()  # probes now (a keep-alive connection for the first keystroke), then on failure
+
+    # -- the engine API ------------------------------------------------------------------------------
+    def submit(self, request: CompletionRequest) -> RemoteHandle:
+        if self._closed:
+            raise EngineClosedError("the remote backend has been shut down")
+        n = len(request.prompt_ids)
+        if n == 0:
+            raise EngineError("empty prompt: at least one token (e.g. BOS) is required")
+        if n > self.max_context:
+            raise ContextOverflowError(f"prompt of {n} tokens exceeds the max context of {self.max_context}")
+        vocab = self.tokenizer.vocab_size
+        if bad := [t for t in request.prompt_ids if not 0 <= t < vocab]:
+            raise EngineError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        self.health.check()  # EndpointDownError while the endpoint is down and its retry has not come
+        handle = RemoteHandle(request)
+        with self._lock:
+            self._counters["requests"] += 1
+        self._workers.submit(self._run, handle)
+        return handle
+
+    def complete(self, request: CompletionRequest, timeout: float | None = None) -> Completion:
+        return self.submit(request).result(timeout)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            out: dict[str, Any] = {"backend": "remote", **self._counters}
+            ttfts = sorted(self._ttfts)
+            out["lastBackendReport"] = self._last_backend
+        if ttfts:
+            last = len(ttfts) - 1
+            out["ttft_ms"] = {f"p{q}": 1e3 * ttfts[min(last, q * len(ttfts) // 100)] for q in (50, 90, 99)}
+        out.update(self.health.as_dict())
+        out["model"] = self.model
+        out["connectionsOpened"] = self._pool.opened
+        return out
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.health.close()
+            self._workers.shutdown(wait=False, cancel_futures=True)
+            self._pool.close()
+
+    def __enter__(self) -> RemoteBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- requests ------------------------------------------------------------------------------------
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._key}"} if self._key else {}
+
+    def _body(self, ids: list[int], request: CompletionRequest) -> dict[str, Any]:
+        p = request.params
+        body: dict[str, Any] = {
+            "prompt": ids if self.config.token_ids else self._as_text(ids),
+            "max_tokens": p.max_tokens,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "cache_prompt": True,  # llama.cpp: reuse the slot's KV for the common prefix
+        }
+        if self.model:
+            body["model"] = self.model
+        if p.stop:
+            body["stop"] = list(p.stop)  # the engine stops generating; the stop filter here is exact
+        if p.seed is not None:
+            body["seed"] = p.seed
+        if self.config.token_ids:  # ask for the generated ids: llama.cpp logprobs ids, vLLM token ids
+            body.update(logprobs=1, return_token_ids=True, return_tokens_as_token_ids=True)
+        body.update(self.config.extra)
+        return body
+
+    def _as_text(self, ids: list[int]) -> str:
+        if ids and ids[0] == self.tokenizer.bos_id:
+            ids = ids[1:]  # the endpoint adds BOS itself when it tokenises a text prompt
+        return str(self._text_tokenizer.decode(ids, skip_special_tokens=False))
+
+    def _run(self, handle: RemoteHandle) -> None:
+        request = handle.request
+        started = time.perf_counter()
+        decoder = StreamDecoder(self.tokenizer, request.params.stop, lambda ev: handle._publish(event=ev))
+        heal_ids = self.tokenizer.encode(request.heal_text) if request.heal_text else []
+        ids = list(request.prompt_ids) + heal_ids
+        decoder.healed(heal_ids)
+        ttft: float | None = None
+        error: str | None = None
+        stop: StopReason
+        conn = None
+        try:
+            if handle.cancelled:
+                raise _Cancelled
+            conn = self._pool.acquire()
+            handle.attach(conn)
+            set_read_timeout(conn, self._timeout(request, self.config.first_token_timeout_s))
+            path = self.endpoint.path("/v1/completions")
+            response = request_json(conn, "POST", path, self._headers(), self._body(ids, request))
+            check_status(response)
+            for data in sse_events(response):
+                before = decoder.count
+                decoder.feed(parse_chunk(data))
+                if ttft is None and decoder.count > len(heal_ids) and decoder.count > before:
+                    ttft = time.perf_counter() - started
+                if decoder.stopped:
+                    raise _Cancelled  # a stop string the endpoint did not apply: stop it here
+                set_read_timeout(conn, self._timeout(request, self.config.read_timeout_s))
+            stop = decoder.stop_reason(request.params.stop)
+            handle.attach(None)
+            self._pool.release(conn)
+            conn = None
+            self.health.succeeded()
+        except _Cancelled:
+            stop = StopReason.STOP_STRING if decoder.stopped else StopReason.CANCELLED
+        except (OSError, http.client.HTTPException, RemoteError) as exc:
+            stop, error = self._failed(handle, request, exc)
+        finally:
+            if conn is not None:  # cut mid-stream: the connection cannot carry another request
+                handle.attach(None)
+                abort(conn)
+                conn.close()
+        text = decoder.finish()
+        if conn is None and stop in (StopReason.CANCELLED, StopReason.DEADLINE, StopReason.STOP_STRING):
+            self._workers.submit(self._pool.warm)  # the next keystroke should find an open connection
+        self._finish(handle, decoder, text, ids, started, ttft, stop, error)
+
+    def _timeout(self, request: CompletionRequest, seconds: float) -> float:
+        if request.deadline is None:
+            return seconds
+        return min(seconds, request.deadline - time.monotonic())
+
+    def _failed(
+        self, handle: RemoteHandle, request: CompletionRequest, exc: Exception
+    ) -> tuple[StopReason, str | None]:
+        if handle.cancelled:
+            return StopReason.CANCELLED, None
+        if request.deadline is not None and time.monotonic() >= request.deadline:
+            return StopReason.DEADLINE, None
+        message = self._describe(exc)
+        if isinstance(exc, HttpStatusError) and 400 <= exc.status < 500 and exc.status not in (408, 429):
+            self.health.refused(message)  # the request or the configuration is wrong, not the endpoint
+        else:
+            self.health.failed(message)
+        return StopReason.ERROR, message
+
+    def _finish(
+        self,
+        handle: RemoteHandle,
+        decoder: StreamDecoder,
+        text: str,
+        ids: list[int],
+        started: float,
+        ttft: float | None,
+        stop: StopReason,
+        error: str | None,
+    ) -> None:
+        done = time.perf_counter()
+        generated = len(decoder.token_ids) if decoder.token_ids else decoder.count
+        cached = decoder.cached_tokens() or 0
+        processed = decoder.processed_tokens()
+        prefilled = processed if processed is not None else len(ids) - cached
+        decode_s = done - started - (ttft or 0.0)
+        stats = RemoteCompletionStats(
+            prompt_tokens=len(ids),
+            reused_tokens=cached,
+            prefilled_tokens=prefilled if decoder.backend_report() else 0,
+            generated_tokens=generated,
+            queue_s=started - handle.submitted_at,
+            ttft_s=ttft,
+            decode_tokens_per_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else None,
+            total_s=done - started,
+            stop_reason=stop,
+            slot=0,
+            backend=decoder.backend_report(),
+        )
+        with self._lock:
+            c = self._counters
+            c["errors" if error else "cancelled" if stop is StopReason.CANCELLED else "completed"] += 1
+            c["prompt_tokens"] += len(ids)
+            c["reused_tokens"] += cached
+            c["prefilled_tokens"] += stats.prefilled_tokens
+            c["generated_tokens"] += generated
+            if ttft is not None:
+                self._ttfts.append(ttft)
+            if stats.backend is not None:
+                self._last_backend = dict(stats.backend)
+        result = Completion(text=text, token_ids=tuple(decoder.token_ids), stats=stats, error=error)
+        handle._publish(result=result)
+
+    def _describe(self, exc: BaseException) -> str:
+        if isinstance(exc, socket.timeout | TimeoutError):
+            return f"{self.endpoint} did not answer in time"
+        if isinstance(exc, ConnectionRefusedError):
+            return f"nothing is listening at {self.endpoint}"
+        if isinstance(exc, RemoteError):
+            return f"{self.endpoint}: {exc}"
+        return f"{self.endpoint}: {type(exc).__name__}: {exc}"
+
+    def _probe(self) -> None:
+        """GET /v1/models: RemoteError when the endpoint is not serving; learns the model name if unset."""
+        conn = None
+        try:
+            conn = self._pool.acquire()
+            set_read_timeout(conn, self.config.first_token_timeout_s)
+            response = request_json(conn, "GET", self.endpoint.path("/v1/models"), self._headers())
+            check_status(response)
+            listing = response.read()
+        except (OSError, http.client.HTTPException, RemoteError) as exc:
+            if conn is not None:
+                conn.close()
+            raise RemoteError(self._describe(exc)) from exc
+        self._pool.release(conn)
+        models = _model_ids(listing)
+        if self.model is None and models:
+            self.model = models[0]
+        elif self.model is not None and models and self.model not in models:
+            log.warning("%s serves %s, not %r", self.endpoint, ", ".join(models), self.model)
+
+
+class _Cancelled(Exception):
+    """The stream is to be cut: the request was cancelled, or a stop string ended it here."""
+
+
+def _model_ids(listing: bytes) -> list[str]:
+    try:
+        data = json.loads(listing).get("data")
+    except (ValueError, AttributeError):
+        raise RemoteError("GET /v1/models did not return an OpenAI model list") from None
+    if not isinstance(data, list):
+        raise RemoteError("GET /v1/models did not return an OpenAI model list")
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]

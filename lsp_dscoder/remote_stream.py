@@ -1,0 +1,184 @@
+"""From the chunks of an OpenAI-compatible `/v1/completions` stream to the engine's token events.
+
+Where the endpoint says which token ids it generated (llama.cpp's `logprobs.content[].id`, vLLM's
+`token_ids` or `token_id:N` logprob tokens), the ids are decoded with the local tokenizer exactly as the
+in-process engine decodes its own, so the session's known pieces (and with them the next prompt, which
+the engine's prefix cache must match) are the same on both backends. Without ids, each chunk's text is
+one event with no token id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lsp_dscoder.engine.api import CompletionStats, StopReason, TokenEvent
+from lsp_dscoder.engine.generate import StopStringFilter
+from lsp_dscoder.engine.tokenizer import Tokenizer
+from lsp_dscoder.remote_http import RemoteError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one streamed event says."""
+
+    text: str
+    token_ids: tuple[int, ...] | None  # None: the endpoint did not say
+    finish_reason: str | None
+    timings: Mapping[str, Any] | None  # llama.cpp's own timings (prompt_n, cache_n, predicted_ms, ...)
+    usage: Mapping[str, Any] | None  # OpenAI usage (vLLM, llama.cpp), with prompt_tokens_details
+
+
+def _ids(choice: Mapping[str, Any]) -> tuple[int, ...] | None:
+    ids = choice.get("token_ids")  # vLLM with return_token_ids
+    if isinstance(ids, list) and all(type(i) is int for i in ids):
+        return tuple(ids)
+    logprobs = choice.get("logprobs")
+    if not isinstance(logprobs, Mapping):
+        return None
+    content = logprobs.get("content")  # llama.cpp: one entry per token, with its id
+    if isinstance(content, list) and all(
+        isinstance(c, Mapping) and type(c.get("id")) is int for c in content
+    ):
+        return tuple(c["id"] for c in content)
+    tokens = logprobs.get("tokens")  # vLLM with return_tokens_as_token_ids: "token_id:123"
+    if isinstance(tokens, list) and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        try:
+            return tuple(int(t[len("token_id:") :]) for t in tokens)
+        except ValueError:
+            return None
+    return None
+
+
+def parse_chunk(data: str) -> Chunk:
+    """One event's JSON; RemoteError for an error event or anything that is not a completion chunk."""
+    try:
+        obj = json.loads(data)
+    except json.JSONDecodeError:
+        raise RemoteError(f"malformed stream chunk (not JSON): {data[:120]!r}") from None
+    if not isinstance(obj, dict):
+        raise RemoteError(f"malformed stream chunk (not an object): {data[:120]!r}")
+    if "error" in obj:
+        error = obj["error"]
+        message = error.get("message", error) if isinstance(error, dict) else error
+        raise RemoteError(f"the engine reported an error: {message}")
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        raise RemoteError(f"malformed stream chunk (no choices): {data[:120]!r}")
+    timings, usage = obj.get("timings"), obj.get("usage")
+    timings = timings if isinstance(timings, dict) else None
+    usage = usage if isinstance(usage, dict) else None
+    if not choices:  # vLLM's closing usage chunk
+        return Chunk("", (), None, timings, usage)
+    choice = choices[0]
+    text = choice.get("text", "") if isinstance(choice, dict) else None
+    if not isinstance(text, str):
+        raise RemoteError(f"malformed stream chunk (choice without text): {data[:120]!r}")
+    finish = choice.get("finish_reason")
+    return Chunk(text, _ids(choice), finish if isinstance(finish, str) else None, timings, usage)
+
+
+@dataclass(frozen=True)
+class RemoteCompletionStats(CompletionStats):
+    """The engine's stats, from the client's side, and the endpoint's own report as it gave it."""
+
+    backend: Mapping[str, Any] | None = None  # llama.cpp `timings` and/or OpenAI `usage`
+
+
+class StreamDecoder:
+    """Turns chunks into token events: local decoding of ids, stop strings, healed characters left out."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, stop: tuple[str, ...], emit: Callable[[TokenEvent], None]
+    ) -> None:
+        self._tok = tokenizer
+        self._decoder = tokenizer.stream()
+        self._stops = StopStringFilter(stop)
+        self._emit = emit
+        self.token_ids: list[int] = []
+        self.count = 0  # events that carried generated text or a token
+        self.remote_text: list[str] = []  # the endpoint's own text, to check the local tokenizer against
+        self.stopped = False  # a stop string was found
+        self.finish_reason: str | None = None
+        self.timings: Mapping[str, Any] | None = None
+        self.usage: Mapping[str, Any] | None = None
+
+    def healed(self, heal_ids: list[int]) -> None:
+        """The tokens that spell the typed text the prompt builder left for healing: part of the
+        completion's tokens (the endpoint's cache holds them), not of its text."""
+        for token in heal_ids:
+            self.token_ids.append(token)
+            piece = self._decoder.push(token)
+            self._emit(TokenEvent(index=len(self.token_ids) - 1, token_id=token, text="", piece=piece))
+            self.count += 1
+
+    def feed(self, chunk: Chunk) -> None:
+        self.timings = chunk.timings or self.timings
+        self.usage = chunk.usage or self.usage
+        self.finish_reason = chunk.finish_reason or self.finish_reason
+        if self.stopped:
+            return
+        self.remote_text.append(chunk.text)
+        if chunk.token_ids is None:
+            if chunk.text:
+                self._push(None, chunk.text)
+            return
+        for token in chunk.token_ids:
+            if token == self._tok.eos_id:
+                continue
+            self.token_ids.append(token)
+            self._push(token, self._decoder.push(token))
+            if self.stopped:
+                return
+
+    def _push(self, token: int | None, piece: str) -> None:
+        text, hit = self._stops.push(piece)
+        index = len(self.token_ids) - 1 if token is not None else self.count
+        self._emit(TokenEvent(index=index, token_id=token, text=text, piece=piece))
+        self.count += 1
+        self.stopped = hit
+
+    def finish(self) -> str:
+        """Emits what is held back; returns the completion's text."""
+        if not self.stopped:
+            tail = self._stops.push(self._decoder.flush())[0] + self._stops.flush()
+            if tail:
+                self._emit(TokenEvent(index=self.count, token_id=None, text=tail))
+        return self._stops.text[: self._stops.emitted]
+
+    def stop_reason(self, stop: tuple[str, ...]) -> StopReason:
+        if self.stopped:
+            return StopReason.STOP_STRING
+        if self.finish_reason == "length":
+            return StopReason.MAX_TOKENS
+        # "stop": the endpoint cannot tell us whether a stop string or the end-of-sequence token ended it
+        # (stop strings are sent to it so that it stops generating); a stop string is the likelier one.
+        return StopReason.STOP_STRING if stop and self.finish_reason == "stop" else StopReason.EOS
+
+    def backend_report(self) -> dict[str, Any] | None:
+        report: dict[str, Any] = {}
+        if self.timings:
+            report["timings"] = dict(self.timings)
+        if self.usage:
+            report["usage"] = dict(self.usage)
+        return report or None
+
+    def cached_tokens(self) -> int | None:
+        """Prompt tokens the endpoint took from its prefix cache, as it reports them."""
+        if self.timings and type(self.timings.get("cache_n")) is int:
+            return int(self.timings["cache_n"])
+        details = self.usage.get("prompt_tokens_details") if self.usage else None
+        if isinstance(details, Mapping) and type(details.get("cached_tokens")) is int:
+            return int(details["cached_tokens"])
+        return None
+
+    def processed_tokens(self) -> int | None:
+        """Prompt tokens the endpoint computed for this request."""
+        if self.timings and type(self.timings.get("prompt_n")) is int:
+            return int(self.timings["prompt_n"])
+        return None
