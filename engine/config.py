@@ -165,6 +165,16 @@ def _rope(raw: dict[str, Any], source: str) -> tuple[float, float]:
     raise UnsupportedModelError(f"{source}: rope scaling {kind!r} is not supported (linear or none)")
 
 
+def resolve(device: str = "auto", dtype: str | None = "auto") -> tuple[str, str]:
+    """The one place that fills in device and dtype defaults (serve, complete, eval, bench): "auto" is
+    cuda when a GPU is visible, else cpu; an "auto" (or None) dtype is bfloat16 on cuda, float32 on cpu."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype in (None, "auto"):
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    return device, dtype
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How to run a checkpoint. `max_context` sizes the KV buffer allocated once at start."""

@@ -2,21 +2,21 @@
 settings change, and builds engine requests.
 
 `lsp_dscoder.engine` (and torch with it) is imported in the loading thread, so the server answers
-`initialize` at once and reports the import as the first progress stage.
+`initialize` at once and reports the import as the first progress stage. The server sees the engine only
+through `backend.Backend`. Every load failure, whatever its kind, ends the load with its reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import importlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from lsp_dscoder.settings import DType, Settings
+from lsp_dscoder.backend import Backend, Handle
+from lsp_dscoder.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,8 @@ class EngineHost:
     def __init__(self) -> None:
         self.state = LoadState.IDLE
         self.error: str | None = None
-        self.engine: Any = None
+        self.engine: Backend | None = None
         self.settings: Settings | None = None
-        self._api: ModuleType | None = None
         self._errors: tuple[type[Exception], ...] = ()
         self._lock = asyncio.Lock()
 
@@ -68,18 +67,25 @@ class EngineHost:
             if old is not None:
                 await asyncio.to_thread(old.close)
             self.engine = await asyncio.to_thread(self._open, settings, progress)
-        except (ImportError, OSError, ValueError, RuntimeError, *self._errors) as exc:
+        except Exception as exc:  # any failure must end the load with its reason
             self.state, self.error = LoadState.FAILED, f"{type(exc).__name__}: {exc}"
-            log.error("engine failed to load: %s", self.error)
+            log.error("engine failed to load: %s", self.error, exc_info=not isinstance(exc, self._expected))
             return False
         self.state = LoadState.READY
         return True
 
-    def _open(self, settings: Settings, progress: Callable[[str, int, int], None]) -> Any:
+    @property
+    def _expected(self) -> tuple[type[Exception], ...]:
+        """Failures with a message that says it all (no traceback in the log)."""
+        return (ImportError, OSError, ValueError, *self._errors)
+
+    def _open(self, settings: Settings, progress: Callable[[str, int, int], None]) -> Backend:
         progress("import", 0, 1)
-        api = importlib.import_module("lsp_dscoder.engine")
-        errors = importlib.import_module("lsp_dscoder.engine.errors")
-        self._api, self._errors = api, (errors.EngineError,)
+        from lsp_dscoder import engine as api
+        from lsp_dscoder.engine.config import resolve
+        from lsp_dscoder.engine.errors import EngineError
+
+        self._errors = (EngineError,)
         progress("import", 1, 1)
         if settings.model:
             model = Path(settings.model).expanduser()  # a folder, or a repo id in the local HF cache
@@ -87,22 +93,15 @@ class EngineHost:
             from lsp_dscoder.bundled import default_model_path
 
             model = default_model_path()  # FileNotFoundError naming what is missing
-        device = settings.device
-        if device == "auto":
-            import torch
-
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = settings.dtype
-        if dtype is DType.AUTO:
-            dtype = DType.BFLOAT16 if device.startswith("cuda") else DType.FLOAT32
+        device, dtype = resolve(settings.device, settings.dtype.value)
         config = api.EngineConfig(
             model=model,
             device=device,
-            dtype=dtype.value,
+            dtype=dtype,
             max_context=settings.max_context,
             num_slots=settings.num_slots,
         )
-        log.info("loading %s on %s (%s)", model, device, dtype.value)
+        log.info("loading %s on %s (%s)", model, device, dtype)
         engine = api.Engine(config, progress=progress)
         progress("warmup", 0, 1)
         tok = engine.tokenizer
@@ -121,9 +120,10 @@ class EngineHost:
         slot_key: str,
         deadline: float | None,
         heal_text: str = "",
-    ) -> Any:
-        api = self._api
-        assert api is not None and self.engine is not None, "submit() before the engine is ready"
+    ) -> Handle:
+        from lsp_dscoder import engine as api  # already imported by the load
+
+        assert self.engine is not None, "submit() before the engine is ready"
         params = api.SamplingParams(max_tokens=max_tokens, stop=stop)
         request = api.CompletionRequest(
             prompt_ids=tuple(prompt_ids),

@@ -170,7 +170,7 @@ class DscoderServer(LanguageServer):
 
     def _context(self, current: Document) -> list[ContextFile]:
         """Other open documents of the same language (any, if unknown), in URI order."""
-        files = []
+        files: list[ContextFile] = []
         root = self.workspace.root_path
         for doc in self.documents:
             if len(files) >= self.settings.context_files:

@@ -6,8 +6,12 @@ import enum
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lsp_dscoder.engine.api import CompletionStats
 
 log = logging.getLogger("lsp_dscoder.requests")
 _RECENT = 64
@@ -35,7 +39,10 @@ def _ms(seconds: float | None) -> float | None:
 
 def percentiles(values: deque[float]) -> dict[str, float | None]:
     ordered = sorted(values)
-    pick = lambda q: round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3) if ordered else None
+
+    def pick(q: float) -> float | None:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3) if ordered else None
+
     return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99)}
 
 
@@ -54,8 +61,9 @@ class RequestRecord:
         self.first_partial_s: float | None = None
         self.response_s: float | None = None
         self.prompt_s: float | None = None  # building the prompt
-        self.engine: dict[str, Any] | None = None
+        self.engine: CompletionStats | None = None
         self.stop_rule: str | None = None
+        self._engine_done = False
         self._logged = False
 
     def partial_sent(self) -> None:
@@ -68,20 +76,25 @@ class RequestRecord:
             self.response_s = self._stats.clock() - self.started
         self._maybe_finish()
 
-    def completed(self, engine_stats: dict[str, Any] | None, stop_rule: str | None) -> None:
-        self.engine = engine_stats or {}
+    def completed(self, engine: CompletionStats | None, stop_rule: str | None) -> None:
+        """The engine request ended: its stats (None if it failed)."""
+        if isinstance(engine, Mapping):  # a caller still passing `CompletionStats.as_dict()`
+            engine = SimpleNamespace(**engine)
+        self.engine, self._engine_done = engine, True
         self.stop_rule = stop_rule
         self._maybe_finish()
 
     def _maybe_finish(self) -> None:
-        waiting_for_engine = self.source is Source.ENGINE and self.engine is None
+        waiting_for_engine = self.source is Source.ENGINE and not self._engine_done
         if self._logged or self.outcome is None or waiting_for_engine:
             return
         self._logged = True
         self._stats.finish(self)
 
     def as_dict(self) -> dict[str, Any]:
-        e = self.engine or {}
+        e = self.engine
+        rate = None if e is None or e.decode_tokens_per_s is None else round(e.decode_tokens_per_s, 1)
+        stop = None if e is None else getattr(e.stop_reason, "value", e.stop_reason)
         return {
             "requestId": self.request_id,
             "uri": self.uri,
@@ -91,23 +104,25 @@ class RequestRecord:
             "firstPartialMs": _ms(self.first_partial_s),
             "responseMs": _ms(self.response_s),
             "promptMs": _ms(self.prompt_s),
-            "queueMs": _ms(e.get("queue_s")),
-            "engineTtftMs": _ms(e.get("ttft_s")),
-            "promptTokens": e.get("prompt_tokens"),
-            "reusedTokens": e.get("reused_tokens"),
-            "prefilledTokens": e.get("prefilled_tokens"),
-            "generatedTokens": e.get("generated_tokens"),
-            "decodeTokensPerS": None if (rate := e.get("decode_tokens_per_s")) is None else round(rate, 1),
-            "stopReason": e.get("stop_reason"),
+            "queueMs": None if e is None else _ms(e.queue_s),
+            "engineTtftMs": None if e is None else _ms(e.ttft_s),
+            "promptTokens": None if e is None else e.prompt_tokens,
+            "reusedTokens": None if e is None else e.reused_tokens,
+            "prefilledTokens": None if e is None else e.prefilled_tokens,
+            "generatedTokens": None if e is None else e.generated_tokens,
+            "decodeTokensPerS": rate,
+            "stopReason": stop,
             "stopRule": self.stop_rule,
         }
 
     def log_line(self) -> str:
         d = self.as_dict()
-        keys = ("source", "outcome", "firstPartialMs", "promptMs", "queueMs", "engineTtftMs", "responseMs")
-        keys += ("promptTokens",)
-        keys += ("reusedTokens", "prefilledTokens", "generatedTokens", "decodeTokensPerS", "stopReason")
-        fields = " ".join(f"{k}={d[k]}" for k in (*keys, "stopRule") if d[k] is not None)
+        keys = (
+            *("source", "outcome", "firstPartialMs", "promptMs", "queueMs", "engineTtftMs", "responseMs"),
+            *("promptTokens", "reusedTokens", "prefilledTokens", "generatedTokens", "decodeTokensPerS"),
+            *("stopReason", "stopRule"),
+        )
+        fields = " ".join(f"{k}={d[k]}" for k in keys if d[k] is not None)
         return f"request id={self.request_id} uri={self.uri} v={self.version} {fields}"
 
 

@@ -1,0 +1,59 @@
+"""What the server uses of an engine: the typed seam between `lsp_dscoder` and `lsp_dscoder.engine`.
+
+The engine package imports torch, which takes seconds; the server imports it only in the loading thread
+(`engine_host.py`). The engine's types are imported here for the type checker alone, so this module (and
+every server module that names them) stays light at run time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from lsp_dscoder.engine.api import Completion, CompletionRequest, TokenEvent
+
+
+class BackendTokenizer(Protocol):
+    """The tokenizer of the loaded model: FIM markers and text <-> ids."""
+
+    @property
+    def bos_id(self) -> int: ...
+    @property
+    def eos_id(self) -> int: ...
+    @property
+    def fim_begin_id(self) -> int: ...
+    @property
+    def fim_hole_id(self) -> int: ...
+    @property
+    def fim_end_id(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class Handle(Protocol):
+    """One submitted request: its token events as they become final, then its completion. Both raise the
+    engine's errors (`EngineHost.engine_errors`)."""
+
+    def cancel(self) -> None: ...
+
+    def stream(self) -> AsyncIterator[TokenEvent]: ...
+
+    async def wait(self) -> Completion: ...
+
+
+class Backend(Protocol):
+    """A loaded engine (`lsp_dscoder.engine.Engine`, or anything that serves the same requests)."""
+
+    @property
+    def tokenizer(self) -> BackendTokenizer: ...
+    @property
+    def max_context(self) -> int: ...
+
+    def submit(self, request: CompletionRequest) -> Handle: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
