@@ -90,7 +90,7 @@ class Settings:
         "api_key_env", "remote_prompt", "connect_timeout_ms", "first_token_timeout_ms", "read_timeout_ms",
     )  # fmt: skip
 
-    def engine_key(self) -> tuple:
+    def engine_key(self) -> tuple[Any, ...]:
         return tuple(getattr(self, name) for name in self.ENGINE_FIELDS)
 
 
