@@ -20,6 +20,7 @@ until a probe on a backoff schedule finds it again. Each outage is announced onc
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import http.client
 import json
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from lsp_dscoder.engine.api import Completion, CompletionRequest, StopReason
+from lsp_dscoder.engine.checkpoint import resolve_model
 from lsp_dscoder.engine.engine import CompletionHandle
 from lsp_dscoder.engine.errors import ContextOverflowError, EngineClosedError, EngineError
 from lsp_dscoder.engine.tokenizer import Tokenizer
@@ -51,6 +53,7 @@ from lsp_dscoder.remote_http import (
     sse_events,
 )
 from lsp_dscoder.remote_stream import RemoteCompletionStats, StreamDecoder, parse_chunk
+from lsp_dscoder.settings import RemotePrompt, Settings
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +249,7 @@ class RemoteBackend:
             handle.attach(None)
             self._pool.release(conn)
             conn = None
-            self.health.succeeded()
+            self.health.succeeded(completion=True)
         except _Cancelled:
             stop = StopReason.STOP_STRING if decoder.stopped else StopReason.CANCELLED
         except (OSError, http.client.HTTPException, RemoteError) as exc:
@@ -257,7 +260,7 @@ class RemoteBackend:
                 abort(conn)
                 conn.close()
         text = decoder.finish()
-        if conn is None and stop in (StopReason.CANCELLED, StopReason.DEADLINE, StopReason.STOP_STRING):
+        if conn is not None and error is None:
             self._workers.submit(self._pool.warm)  # the next keystroke should find an open connection
         self._finish(handle, decoder, text, ids, started, ttft, stop, error)
 
@@ -366,3 +369,29 @@ def _model_ids(listing: bytes) -> list[str]:
     if not isinstance(data, list):
         raise RemoteError("GET /v1/models did not return an OpenAI model list")
     return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def open_remote(
+    settings: Settings, tokenizer: Path | str, notify: Notify | None, loop: asyncio.AbstractEventLoop
+) -> RemoteBackend:
+    """The remote backend for the server's settings; `notify` is called on `loop`, the server's."""
+    if settings.endpoint is None:
+        raise ValueError("the remote backend needs an endpoint: set `endpoint` (or pass --endpoint URL)")
+
+    def on_loop(level: int, message: str) -> None:
+        if notify is not None:
+            loop.call_soon_threadsafe(notify, level, message)
+
+    config = RemoteConfig(
+        endpoint=settings.endpoint,
+        tokenizer=resolve_model(tokenizer),
+        model=settings.remote_model,
+        api_key_env=settings.api_key_env,
+        token_ids=settings.remote_prompt is RemotePrompt.TOKENS,
+        max_context=settings.max_context,
+        connect_timeout_s=settings.connect_timeout_ms / 1000.0,
+        first_token_timeout_s=settings.first_token_timeout_ms / 1000.0,
+        read_timeout_s=settings.read_timeout_ms / 1000.0,
+    )
+    log.info("remote backend: %s (tokenizer %s)", config.endpoint, config.tokenizer)
+    return RemoteBackend(config, on_loop)

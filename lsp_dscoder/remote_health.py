@@ -53,15 +53,20 @@ class Health:
                 wait = self.retry_at - time.monotonic()
                 raise EndpointDownError(f"{self.last_error} (retrying in {wait:.1f} s)")
 
-    def succeeded(self) -> None:
+    def succeeded(self, completion: bool) -> None:
+        """The endpoint answered: a probe (it is serving) or a whole completion (it works). Only a
+        completion ends an outage: an endpoint that lists its models but fails every completion must
+        not be announced again and again, nor retried faster."""
         with self._cond:
-            was_down = not self.reachable
-            self.reachable, self.failures, self.retry_at = True, 0, None
-            self._announced = False
+            self.reachable, self.retry_at = True, None
+            if not completion:
+                return
+            announced = self._announced
+            self.failures, self._announced = 0, False
             self._refusals.clear()
-        if was_down:
-            log.info("%s is reachable again", self.name)
-            self._notify(logging.INFO, f"dscoder: the completion endpoint {self.name} is reachable again")
+        if announced:
+            log.info("%s is working again", self.name)
+            self._notify(logging.INFO, f"dscoder: the completion endpoint {self.name} is working again")
 
     def failed(self, message: str) -> None:
         with self._cond:
@@ -117,4 +122,4 @@ class Health:
             except RemoteError as exc:
                 self.failed(str(exc))
                 continue
-            self.succeeded()
+            self.succeeded(completion=False)

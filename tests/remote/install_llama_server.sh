@@ -40,9 +40,11 @@ cmake -S "$src" -B "$work/build" "${generator[@]}" \
     -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF >&2
 cmake --build "$work/build" --target llama-server -j "$(nproc)" >&2
 
-mkdir -p "$dest.tmp/bin"
+rm -rf "$dest.tmp"
+mkdir -p "$dest.tmp/bin" "$dest.tmp/src"
 cp "$work/build/bin/llama-server" "$dest.tmp/bin/"
-cp -r "$src" "$dest.tmp/src"
+# The converter (a script, its `conversion` package and the matching `gguf` package), not the whole tree.
+cp -r "$src/convert_hf_to_gguf.py" "$src/conversion" "$src/gguf-py" "$dest.tmp/src/"
 rm -rf "$dest"
 mv "$dest.tmp" "$dest"
 "$server" --version >&2
