@@ -6,17 +6,22 @@ The prompt is the one the server builds (PSM layout with the edit anchor at the 
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import sys
 from pathlib import Path
 
 from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams
+from lsp_dscoder.engine.config import resolve
 from lsp_dscoder.engine.errors import EngineError
 from lsp_dscoder.errors import ServerError
 from lsp_dscoder.positions import Encoding, offset_at, sanitize
 from lsp_dscoder.postprocess import CursorContext, Shaper
 from lsp_dscoder.progress import StderrProgress
 from lsp_dscoder.prompt import Budgets, PromptBuilder
+from lsp_dscoder.settings import MIN_PROMPT_TOKENS, Settings, prompt_room
+
+MAX_CONTEXT = 1 << 20  # the largest maxContext the server accepts
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,7 +30,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         "--model",
         help="checkpoint folder or Hugging Face repo id in the local cache (default: the bundled model)",
     )
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    p.add_argument(
+        "--device", default="auto", help="auto, cpu or cuda[:N] (default: auto, cuda when available)"
+    )
     p.add_argument(
         "--dtype",
         default=None,
@@ -42,9 +49,9 @@ def engine_config(args: argparse.Namespace, num_slots: int = 1) -> EngineConfig:
         from lsp_dscoder.bundled import default_model_path
 
         model = default_model_path()
-    dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
+    device, dtype = resolve(args.device, args.dtype)
     return EngineConfig(
-        model=model, device=args.device, dtype=dtype, max_context=args.max_context, num_slots=num_slots
+        model=model, device=device, dtype=dtype, max_context=args.max_context, num_slots=num_slots
     )
 
 
@@ -63,13 +70,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
 
 
+def read_source(path: Path) -> str:
+    """A source file's text: UTF-8 (with or without a BOM), else a ValueError that says what it is."""
+    data = path.read_bytes()
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE, codecs.BOM_UTF32_LE)):
+        raise ValueError(f"{path} is UTF-16/32 text; complete reads UTF-8, convert it first")
+    if b"\0" in data:
+        raise ValueError(f"{path} is a binary file (it holds NUL bytes), not source text")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}; Latin-1?); "
+            "convert it to UTF-8 first"
+        ) from None
+    return sanitize(text)
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """Numbers the engine would take but that cannot give a completion (one line each, exit code 2)."""
+    if not 1 <= args.max_tokens <= 1 << 16:
+        raise ValueError(f"--max-tokens must be in [1, 65536], got {args.max_tokens}")
+    if not 64 <= args.max_context <= MAX_CONTEXT:
+        raise ValueError(f"--max-context must be in [64, {MAX_CONTEXT}], got {args.max_context}")
+    room = prompt_room(Settings(max_context=args.max_context, max_tokens=args.max_tokens))
+    if room < MIN_PROMPT_TOKENS:
+        raise ValueError(
+            f"--max-context {args.max_context} leaves {room} tokens for the prompt after --max-tokens "
+            f"{args.max_tokens} and the prompt's middle; raise --max-context or lower --max-tokens"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     progress = StderrProgress()
     try:
-        text = sanitize(args.file.read_text(encoding="utf-8", errors="replace"))
+        _check_numbers(args)
+        text = read_source(args.file)
         cursor = offset_at(text, args.line, args.col, Encoding.UTF16)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
-        with Engine(engine_config(args), progress=progress) as engine:
+        with _open_engine(args, progress) as engine:
             progress.close()
             budgets = Budgets().fit(engine.max_context, args.max_tokens)
             prompt = PromptBuilder(engine.tokenizer, budgets).build(text, cursor)
@@ -91,6 +130,10 @@ def run(args: argparse.Namespace) -> int:
         progress.close()
         print(f"lsp-dscoder: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        progress.close()
+        print("lsp-dscoder: interrupted", file=sys.stderr)
+        return 130
     s = done.stats
     rule = shaper.rule.value if shaper is not None else None
     if args.json:
@@ -108,6 +151,17 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _open_engine(args: argparse.Namespace, progress: StderrProgress) -> Engine:
+    config = engine_config(args)
+    try:
+        return Engine(config, progress=progress)
+    except (RuntimeError, MemoryError) as e:  # torch's allocation failures
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"cannot run the model with --max-context {args.max_context} on {config.device}: {first}"
+        ) from None
 
 
 def _show(shown: str, text: str, quiet: bool) -> str:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams
 from lsp_dscoder.positions import Encoding, offset_at
@@ -120,3 +123,37 @@ def test_complete_with_the_bundled_model_infills_in_the_server_layout(tmp_path: 
     assert got["stats"]["stop_reason"] == "eos"
     assert got["stats"]["stop_rule"] == "none"
     assert got["stats"]["prompt_tokens"] == got["stats"]["prefilled_tokens"] == 58
+
+
+@pytest.mark.slow  # ten processes, each importing torch
+def test_complete_refuses_what_cannot_work_in_one_line(tiny_model: Path, tmp_path: Path) -> None:
+    src = tmp_path / "a.py"
+    src.write_text(SOURCE, encoding="utf-8")
+    array = tmp_path / "array"
+    shutil.copytree(tiny_model, array)
+    (array / "config.json").write_text("[]")
+    no_heads = tmp_path / "no-heads"
+    shutil.copytree(tiny_model, no_heads)
+    config = json.loads((no_heads / "config.json").read_text())
+    (no_heads / "config.json").write_text(json.dumps({**config, "num_attention_heads": 0}))
+    binary, latin1, utf16 = tmp_path / "b.bin", tmp_path / "latin1.py", tmp_path / "utf16.py"
+    binary.write_bytes(b"\x7fELF\x02\x01\x00\x00x = 1\n")
+    latin1.write_bytes("s = 'café'\n".encode("latin-1"))
+    utf16.write_bytes("s = 'x'\n".encode("utf-16"))
+    model = ("--model", str(tiny_model))
+    cases = [
+        ((src, "--max-context", str(10**12), *model), f"--max-context must be in [64, {1 << 20}], got 10"),
+        ((src, "--max-context", "256", *model), "--max-context 256 leaves -68 tokens for the prompt"),
+        ((src, "--max-tokens", "0", *model), "--max-tokens must be in [1, 65536], got 0"),
+        ((src, "--model", str(array)), "config.json must hold a JSON object, not a JSON array"),
+        ((src, "--model", str(no_heads)), "config.json: num_attention_heads=0 must be a positive integer"),
+        ((src, "--model", str(tiny_model / "config.json")), "config.json is a file, not a checkpoint folder"),
+        ((binary, *model), "b.bin is a binary file (it holds NUL bytes), not source text"),
+        ((latin1, *model), "latin1.py is not UTF-8 text (byte 0xe9 at offset 8; Latin-1?)"),
+        ((utf16, *model), "utf16.py is UTF-16/32 text; complete reads UTF-8"),
+    ]
+    for (path, *args), message in cases:
+        out = cli("complete", str(path), "--line", "0", "--col", "0", *args)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.strip().splitlines()[-1].startswith("lsp-dscoder: error: ")
+        assert message in out.stderr.strip().splitlines()[-1] and "Traceback" not in out.stderr
