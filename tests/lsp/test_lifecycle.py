@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 import socket
 import sys
 
+import pytest
 from lsprotocol import types
 from pytest_lsp.client import make_test_lsp_client
 
-from tests.lsp.client import Editor, start
+from tests.lsp.client import Editor, server_command, start
 
 BODY = "def main(args):\n    \n"
 
@@ -81,3 +84,74 @@ async def test_a_model_that_fails_to_load_then_a_reload(tiny_model, tmp_path):
     editor.client.exit(None)  # without shutdown: exit code 1 (LSP)
     assert await asyncio.wait_for(editor.client._server.wait(), 30) == 1
     await editor.client.stop()
+
+
+@pytest.mark.parametrize(
+    ("config", "reason"),
+    [
+        ("[]", "failed: ConfigValueError: {} must hold a JSON object, not a JSON array"),
+        (
+            {"num_attention_heads": 0},
+            "failed: ConfigValueError: {}: num_attention_heads=0 must be a positive integer",
+        ),
+    ],
+)
+async def test_a_broken_config_ends_the_load_with_its_reason(tiny_model, tmp_path, config, reason):
+    folder = tmp_path / "broken"
+    shutil.copytree(tiny_model, folder)
+    path = folder / "config.json"
+    text = config if isinstance(config, str) else json.dumps({**json.loads(path.read_text()), **config})
+    path.write_text(text)
+    editor = await start(folder, wait=False)
+    reports = await editor.ready()
+    assert reports[-1].message == reason.format(path)
+    messages = [m.message for m in editor.client.messages]
+    assert messages == [f"dscoder: the model did not load: {reason.format(path)[len('failed: ') :]}"]
+    assert (await editor.stats())["engineState"] == "failed"
+    await editor.client.shutdown_session()
+    await editor.client.stop()
+
+
+async def test_a_max_context_too_small_for_the_prompt_is_refused_with_a_message(tiny_model):
+    editor = await start(tiny_model, init={"maxContext": 256})
+    assert [m.message for m in editor.client.messages] == [
+        "dscoder: settings maxContext 256, maxTokens 128, middleTokens 256 leave -132 tokens for the "
+        "prompt: maxContext must be at least maxTokens + middleTokens + 68 (452); using maxContext 1024, "
+        "maxTokens 128, middleTokens 256"
+    ]
+    doc = editor.open("file:///work/room.py", BODY)
+    request = editor.inline(doc, 1, 4)
+    await request.result()
+    assert (await editor.record(request))["outcome"] in ("ok", "empty")  # served, with maxContext 1024
+    assert (await editor.stats())["settings"]["maxContext"] == 1024
+    await editor.client.shutdown_session()
+    await editor.client.stop()
+
+
+async def test_completion_items_only_for_clients_without_inline_completion(tiny_model):
+    client = make_test_lsp_client()
+    editor = Editor(client)
+    await client.start_io(*server_command(tiny_model))
+    inline = types.TextDocumentClientCapabilities(
+        inline_completion=types.InlineCompletionClientCapabilities()
+    )
+    caps = types.ClientCapabilities(
+        window=types.WindowClientCapabilities(work_done_progress=True), text_document=inline
+    )
+    await client.initialize_session(types.InitializeParams(capabilities=caps))
+    await editor.ready()
+    doc = editor.open("file:///work/fallback.py", BODY)
+    params = types.CompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=doc.uri), position=types.Position(line=1, character=4)
+    )
+    for fallback, served in (("auto", False), ("always", True), ("never", False)):
+        change = types.DidChangeConfigurationParams(settings={"completionFallback": fallback})
+        client.workspace_did_change_configuration(change)
+        request = editor.request(types.TEXT_DOCUMENT_COMPLETION, params, doc.version)
+        result = await request.result()
+        recent = (await editor.stats())["requests"]["recent"]
+        assert any(r["requestId"] == request.id for r in recent) is served, fallback
+        if not served:
+            assert result is None
+    await client.shutdown_session()
+    await client.stop()
