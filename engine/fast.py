@@ -4,9 +4,11 @@ One forward = per layer: fused residual-add + RMSNorm, one QKV GEMM, RoPE fused 
 extend attention (decode attention for one token), one O GEMM, residual-add + RMSNorm, one gate/up GEMM,
 SwiGLU, one down GEMM; then the LM head on the last valid position only.
 
-Steps of at most 16 tokens (keystrokes, decode, small prefills) run their GEMMs on the skinny GEMM
-(kernels/skinny_gemm.py), which streams the weights closer to copy bandwidth than cuBLAS does at these M,
-with SwiGLU folded into the down projection; larger steps stay on cuBLAS.
+Steps of at most 16 tokens (keystrokes, decode, small prefills) may run their layer GEMMs on the skinny
+GEMM (kernels/skinny_gemm.py) instead of cuBLAS; which one wins depends on the shapes and the GPU, so
+`capture` times both graphs per bucket and keeps the faster ("auto"). On Hopper every Triton kernel is
+launched as a programmatic dependent of the one before (kernels/pdl.py): the launch gap overlaps the previous
+kernel, and the skinny GEMM prefetches its weights into L2 while it waits.
 
 Small steps (a keystroke, a decode step) are captured as CUDA graphs per (slot, bucket): the step's
 tokens are padded to the bucket, the start position and the index of the last real token live in device
@@ -27,18 +29,22 @@ from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.kernels.decode_attention import decode_attention
 from lsp_dscoder.kernels.extend_attention import extend_attention
+from lsp_dscoder.kernels.pdl import pdl_supported
 from lsp_dscoder.kernels.rms_norm import rms_norm
 from lsp_dscoder.kernels.rope_store import rope_cos_sin, rope_store
 from lsp_dscoder.kernels.silu_mul import silu_mul
 from lsp_dscoder.kernels.skinny_gemm import MAX_M, SkinnyWorkspace, skinny_gemm
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+GEMM_CHOICES = ("auto", "cublas", "skinny")
 Progress = Callable[[str, int, int], None]
 
 
 class FastRunner:
     """Runner (engine/generate.py) on the fast path. `graphs=False` runs the kernels eagerly (the CPU test
-    suite does so under TRITON_INTERPRET=1). `skinny=False` keeps every GEMM on cuBLAS."""
+    suite does so under TRITON_INTERPRET=1). `gemm` for steps of <= MAX_M tokens: "cublas", "skinny", or
+    "auto" (the faster per graph bucket, timed in `capture`; eager steps take the skinny GEMM). `pdl`: None
+    launches with programmatic dependent launch where the GPU supports it."""
 
     def __init__(
         self,
@@ -46,8 +52,11 @@ class FastRunner:
         cache: KVCache,
         graphs: bool = True,
         buckets: tuple[int, ...] = BUCKETS,
-        skinny: bool = True,
+        gemm: str = "auto",
+        pdl: bool | None = None,
     ) -> None:
+        if gemm not in GEMM_CHOICES:
+            raise ValueError(f"gemm must be one of {GEMM_CHOICES}, got {gemm!r}")
         self.model, self.cache, self.cfg = model, cache, model.cfg
         self.buckets = tuple(b for b in buckets if b <= cache.capacity - cache.max_context) if graphs else ()
         dev = model.device
@@ -63,44 +72,49 @@ class FastRunner:
         self.last = torch.zeros(1, dtype=torch.long, device=dev)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.counts = {"graph_replays": 0, "eager_forwards": 0}
-        self.skinny = skinny
-        # Split-K partials for the widest matrix (LM head or gate/up); one workspace serves every launch.
-        widest = max(cfg.vocab_size, 2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size)
-        self.workspace = SkinnyWorkspace.allocate(widest, 8, dev) if skinny else None
+        self.gemm = gemm
+        self.skinny = gemm != "cublas"  # read by `linear` while a forward is traced or run
+        self.pdl = pdl_supported(dev) if pdl is None else pdl
+        self.chosen: dict[int, str] = {}  # bucket -> "cublas" | "skinny", filled by capture
+        # Split-K partials for the widest layer matrix; one workspace serves every launch of a step.
+        widest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
+        self.workspace = SkinnyWorkspace.allocate(widest, 8, dev) if gemm != "cublas" else None
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
-        """x @ w.T, or silu(gate) * up of x = [gate | up] @ w.T: the skinny GEMM for at most MAX_M rows,
-        cuBLAS above."""
+    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x @ w.T for a layer matrix: the skinny GEMM for at most MAX_M rows when chosen, else cuBLAS."""
         if self.skinny and x.shape[0] <= MAX_M:
-            return skinny_gemm(x, w, swiglu, workspace=self.workspace)
-        return (silu_mul(x) if swiglu else x) @ w.T
+            return skinny_gemm(x, w, workspace=self.workspace, pdl=self.pdl)
+        return x @ w.T
 
     # -- the forward pass ------------------------------------------------------------------------------
     def forward(self, ids: torch.Tensor, start: torch.Tensor, last: torch.Tensor, slot: int) -> torch.Tensor:
         """ids (T,) at positions start..start+T-1 of `slot`; float32 logits (1, V) of token `last`."""
-        cfg, w, cache = self.cfg, self.model.w, self.cache
+        cfg, w, cache, pdl = self.cfg, self.model.w, self.cache, self.pdl
         t = ids.shape[0]
         h = w.embed[ids]  # (T, C)
         residual, x = h, None
         seq_len = start + 1  # decode: the current token included
         for n, layer in enumerate(w.layers):
             if x is None:
-                x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
+                x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps, pdl=pdl)
                 residual = h.clone()
             else:
-                x = rms_norm(x, layer.input_norm, cfg.rms_norm_eps, residual=residual)  # residual += mlp out
+                x = rms_norm(x, layer.input_norm, cfg.rms_norm_eps, residual=residual, pdl=pdl)  # += mlp out
             qkv = self.linear(x, layer.wqkv)  # (T, (H + 2*KVH) * D)
             k_cache, v_cache = cache.k(n, slot), cache.v(n, slot)  # (KVH, capacity, D)
-            q = rope_store(qkv, self.cos_sin, start, k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads)
+            q = rope_store(
+                qkv, self.cos_sin, start, k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads, pdl=pdl
+            )
             if t == 1:
-                attn = decode_attention(q, k_cache, v_cache, seq_len, self.scale)  # (1, H, D)
+                attn = decode_attention(q, k_cache, v_cache, seq_len, self.scale, pdl=pdl)  # (1, H, D)
             else:
-                attn = extend_attention(q, k_cache, v_cache, start, self.scale)  # (T, H, D)
+                attn = extend_attention(q, k_cache, v_cache, start, self.scale, pdl=pdl)  # (T, H, D)
             o = self.linear(attn.view(t, cfg.q_size), layer.wo)  # (T, C)
-            x = rms_norm(o, layer.post_norm, cfg.rms_norm_eps, residual=residual)  # residual += attn out
-            x = self.linear(self.linear(x, layer.w_gate_up), layer.w_down, swiglu=True)  # (T, C)
-        x = rms_norm(x, w.norm, cfg.rms_norm_eps, residual=residual)  # (T, C)
-        return self.linear(x.index_select(0, last), w.lm_head).float()  # (1, V): LM head on one row
+            x = rms_norm(o, layer.post_norm, cfg.rms_norm_eps, residual=residual, pdl=pdl)  # += attn out
+            x = self.linear(silu_mul(self.linear(x, layer.w_gate_up), pdl=pdl), layer.w_down)  # (T, C)
+        x = rms_norm(x, w.norm, cfg.rms_norm_eps, residual=residual, pdl=pdl)  # (T, C)
+        # The LM head stays on cuBLAS: at 32K rows it streams near copy bandwidth there (docs/kernels.md).
+        return (x.index_select(0, last) @ w.lm_head.T).float()  # (1, V): LM head on one row
 
     # -- Runner protocol -------------------------------------------------------------------------------
     def prefill(self, ids: torch.Tensor, start: int, slot: int) -> torch.Tensor:
@@ -133,16 +147,53 @@ class FastRunner:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for b in self.buckets:  # eager runs compile the Triton kernels for every tile shape used
+            for b in self.buckets:  # eager runs compile the Triton kernels (and set up cuBLAS) per shape
                 self.last.fill_(b - 1)
-                self.forward(self.ids[:b], self.start, self.last, 0)
+                for choice in self._choices(b):
+                    self.skinny = choice == "skinny"
+                    self.forward(self.ids[:b], self.start, self.last, 0)
         torch.cuda.current_stream().wait_stream(side)
         pool = torch.cuda.graph_pool_handle()
         for i, (slot, b) in enumerate(todo):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                logits = self.forward(self.ids[:b], self.start, self.last, slot)
-            self.graphs[(slot, b)] = (graph, logits)
+            if b not in self.chosen:
+                self.chosen[b] = self._time_choices(b, slot, pool)
+            self.skinny = self.chosen[b] == "skinny"
+            self.graphs[(slot, b)] = self._capture_one(b, slot, pool)
             if progress:
                 progress("capturing CUDA graphs", i + 1, len(todo))
+        self.skinny = self.gemm != "cublas"
         torch.cuda.synchronize()
+
+    def _choices(self, bucket: int) -> tuple[str, ...]:
+        if bucket > MAX_M or self.gemm == "cublas":
+            return ("cublas",)
+        return ("cublas", "skinny") if self.gemm == "auto" else ("skinny",)
+
+    def _capture_one(self, bucket: int, slot: int, pool: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            logits = self.forward(self.ids[:bucket], self.start, self.last, slot)
+        return graph, logits
+
+    def _time_choices(self, bucket: int, slot: int, pool: object) -> str:
+        """The GEMM choice whose graph replays fastest for this bucket (median of 9 timed replays)."""
+        choices = self._choices(bucket)
+        if len(choices) == 1:
+            return choices[0]
+        times = {}
+        self.last.fill_(bucket - 1)
+        for choice in choices:
+            self.skinny = choice == "skinny"
+            graph, _ = self._capture_one(bucket, slot, pool)
+            samples = []
+            for rep in range(12):
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                if rep >= 3:  # the first replays upload the graph and warm the caches
+                    samples.append(begin.elapsed_time(end))
+            times[choice] = sorted(samples)[len(samples) // 2]
+            del graph
+        return min(times, key=lambda c: times[c])

@@ -60,8 +60,11 @@ def rms_case(m: Model, n_tok: int, dev: torch.device) -> Make:
     def make() -> tuple[Call, Callable[[], float]]:
         x, res, w = randn(n_tok, m.hidden, dev=dev), randn(n_tok, m.hidden, dev=dev), randn(m.hidden, dev=dev)
         x0, res0, out = x.clone(), res.clone(), torch.empty_like(x)
-        return (lambda: rms_norm(x, w, 1e-6, residual=res, out=out),
-                lambda: max(rel_err(out, rms_norm_ref(x0, w, 1e-6, residual=res0)), rel_err(res, res0)))
+        return (
+            lambda: rms_norm(x, w, 1e-6, residual=res, out=out),
+            lambda: max(rel_err(out, rms_norm_ref(x0, w, 1e-6, residual=res0)), rel_err(res, res0)),
+        )
+
     return make
 
 
@@ -70,6 +73,7 @@ def silu_case(m: Model, n_tok: int, dev: torch.device) -> Make:
         gate_up = randn(n_tok, 2 * m.inter, dev=dev)
         out = torch.empty(n_tok, m.inter, device=dev, dtype=torch.bfloat16)
         return lambda: silu_mul(gate_up, out=out), lambda: rel_err(out, silu_mul_ref(gate_up))
+
     return make
 
 
@@ -84,22 +88,36 @@ def rope_case(m: Model, n_tok: int, start: int, max_ctx: int, dev: torch.device)
         def verify() -> float:
             q_ref = rope_store_ref(qkv, cos_sin, pos, k0, v0, m.heads, m.kv_heads)
             return max(rel_err(out, q_ref), rel_err(k, k0), rel_err(v, v0))
+
         return lambda: rope_store(qkv, cos_sin, pos, k, v, m.heads, m.kv_heads, out=out), verify
+
     return make
 
 
-def attn_case(m: Model, n_tok: int, prefix: int, max_ctx: int, dev: torch.device, decode: bool,
-              splits: int | None = None) -> Make:
+def attn_case(
+    m: Model,
+    n_tok: int,
+    prefix: int,
+    max_ctx: int,
+    dev: torch.device,
+    decode: bool,
+    splits: int | None = None,
+) -> Make:
     def make() -> tuple[Call, Callable[[], float]]:
         q = randn(n_tok, m.heads, m.head_dim, dev=dev)
         k, v = kv_cache(m, max_ctx, dev)
         pos = torch.tensor([prefix + n_tok if decode else prefix], device=dev)
         out, scale = torch.empty_like(q), m.head_dim**-0.5
         if decode:
-            return (lambda: da.decode_attention(q, k, v, pos, scale, out=out, num_splits=splits),
-                    lambda: rel_err(out, da.decode_attention_ref(q, k, v, pos, scale)))
-        return (lambda: ea.extend_attention(q, k, v, pos, scale, out=out, num_splits=splits),
-                lambda: rel_err(out, ea.extend_attention_ref(q, k, v, pos, scale)))
+            return (
+                lambda: da.decode_attention(q, k, v, pos, scale, out=out, num_splits=splits),
+                lambda: rel_err(out, da.decode_attention_ref(q, k, v, pos, scale)),
+            )
+        return (
+            lambda: ea.extend_attention(q, k, v, pos, scale, out=out, num_splits=splits),
+            lambda: rel_err(out, ea.extend_attention_ref(q, k, v, pos, scale)),
+        )
+
     return make
 
 
@@ -177,8 +195,10 @@ def graph_replay_checks(m: Model, max_ctx: int, dev: torch.device, log: Callable
     pos = torch.tensor([7], device=dev)
     scale = m.head_dim**-0.5
     worst = 0.0
-    calls = {"decode": lambda: da.decode_attention(q1, k, v, pos, scale),
-             "extend": lambda: ea.extend_attention(q4, k, v, pos, scale)}
+    calls = {
+        "decode": lambda: da.decode_attention(q1, k, v, pos, scale),
+        "extend": lambda: ea.extend_attention(q4, k, v, pos, scale),
+    }
     for name, call in calls.items():
         call()
         if dev.type == "cuda":
@@ -191,8 +211,11 @@ def graph_replay_checks(m: Model, max_ctx: int, dev: torch.device, log: Callable
         else:  # the interpreter has no graphs: a second call at the new position checks the rest
             pos.fill_(max_ctx - 5)
             out = call()
-        ref = (da.decode_attention_ref(q1, k, v, pos, scale) if name == "decode"
-               else ea.extend_attention_ref(q4, k, v, pos, scale))
+        ref = (
+            da.decode_attention_ref(q1, k, v, pos, scale)
+            if name == "decode"
+            else ea.extend_attention_ref(q4, k, v, pos, scale)
+        )
         err = rel_err(out, ref)
         worst = max(worst, err)
         log(f"graph replay {name:7s} {m.name}: captured at 7, replayed at {max_ctx - 5}: rel err {err:.2e}")
@@ -225,8 +248,10 @@ def main() -> None:
 
     if dev.type == "cuda":
         p = torch.cuda.get_device_properties(dev)
-        log(f"{p.name}, {p.multi_processor_count} SMs, L2 {getattr(p, 'L2_cache_size', 0) >> 20} MiB, "
-            f"torch {torch.__version__}, triton {triton.__version__}")
+        log(
+            f"{p.name}, {p.multi_processor_count} SMs, L2 {getattr(p, 'L2_cache_size', 0) >> 20} MiB, "
+            f"torch {torch.__version__}, triton {triton.__version__}"
+        )
     bw, rate = measure_floors(dev)
     log(f"floors: copy {bw / 1e12:.2f} TB/s (read+write), bf16 matmul {rate / 1e12:.0f} TFLOP/s")
     header = ("op", "model", "shape", "us", "floor", "x", "bound", "rel err")
@@ -245,8 +270,10 @@ def main() -> None:
         floor = max(floor_io, floor_fl)
         ok = err < 1e-2
         failures += not ok
-        log(f"{op:8s} {m.name:5s} {shape:22s} {us:9.1f} {floor:8.1f} {us / floor:5.1f} "
-            f"{'mem' if floor_io >= floor_fl else 'math':5s} {err:8.1e}{'' if ok else '  WRONG'}")
+        log(
+            f"{op:8s} {m.name:5s} {shape:22s} {us:9.1f} {floor:8.1f} {us / floor:5.1f} "
+            f"{'mem' if floor_io >= floor_fl else 'math':5s} {err:8.1e}{'' if ok else '  WRONG'}"
+        )
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -256,15 +283,31 @@ def main() -> None:
             run("rmsnorm", m, f"T={t}", rms_case(m, t, dev), 2 * t * m.hidden * 4 + 2 * m.hidden, 0.0)
             run("silu", m, f"T={t}", silu_case(m, t, dev), 2 * t * m.inter * 3, 0.0)
             start = min(prefixes[-1], max_ctx - t)
-            run("rope", m, f"T={t} start={start}", rope_case(m, t, start, max_ctx, dev),
-                2 * t * qkv_w * 2 + t * m.head_dim * 4, 0.0)
+            run(
+                "rope",
+                m,
+                f"T={t} start={start}",
+                rope_case(m, t, start, max_ctx, dev),
+                2 * t * qkv_w * 2 + t * m.head_dim * 4,
+                0.0,
+            )
             for prefix in prefixes:
                 if prefix + t <= max_ctx:
-                    run("extend", m, f"T={t} prefix={prefix}", attn_case(m, t, prefix, max_ctx, dev, False),
-                        *attn_cost(m, t, prefix))
+                    run(
+                        "extend",
+                        m,
+                        f"T={t} prefix={prefix}",
+                        attn_case(m, t, prefix, max_ctx, dev, False),
+                        *attn_cost(m, t, prefix),
+                    )
         for kv_len in (max_ctx // 16, max_ctx // 2, max_ctx):
-            run("decode", m, f"L={kv_len}", attn_case(m, 1, kv_len - 1, max_ctx, dev, True),
-                *attn_cost(m, 1, kv_len - 1))
+            run(
+                "decode",
+                m,
+                f"L={kv_len}",
+                attn_case(m, 1, kv_len - 1, max_ctx, dev, True),
+                *attn_cost(m, 1, kv_len - 1),
+            )
     for m in models:
         try:
             failures += graph_replay_checks(m, max_ctx, dev, log) >= 1e-2
@@ -278,13 +321,28 @@ def main() -> None:
     sweeps: list[tuple[str, Model, str, Make, tuple[float, float], tuple[int, ...] | None]] = []
     for tiles in ((128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4)):
         for m, t, p in ((m67, big_t, 0), (m33, big_t, prefix)):
-            sweeps.append(("extend*", m, f"T={t} p={p} {tiles}", attn_case(m, t, p, max_ctx, dev, False),
-                           attn_cost(m, t, p), tiles))
+            sweeps.append(
+                (
+                    "extend*",
+                    m,
+                    f"T={t} p={p} {tiles}",
+                    attn_case(m, t, p, max_ctx, dev, False),
+                    attn_cost(m, t, p),
+                    tiles,
+                )
+            )
     for splits in (2, 4) if args.tiny else (4, 8, 16, 32):
         for m, t, decode in ((m67, 4, False), (m67, 1, True), (m33, 1, True)):
-            sweeps.append((("decode*" if decode else "extend*"), m, f"T={t} p={prefix} S={splits}",
-                           attn_case(m, t, prefix - (1 if decode else 0), max_ctx, dev, decode, splits),
-                           attn_cost(m, t, prefix), None))
+            sweeps.append(
+                (
+                    ("decode*" if decode else "extend*"),
+                    m,
+                    f"T={t} p={prefix} S={splits}",
+                    attn_case(m, t, prefix - (1 if decode else 0), max_ctx, dev, decode, splits),
+                    attn_cost(m, t, prefix),
+                    None,
+                )
+            )
     default_tiles = ea.tiles_for
     for op, m, shape, make, cost, tiles in sweeps:
         if dev.type == "cuda" and time.time() - t_begin > args.budget_s:

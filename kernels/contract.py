@@ -59,16 +59,18 @@ def check_head_dim(head_dim: int) -> None:
         raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
 
 
-def check_out(out: torch.Tensor | None, like_shape: tuple[int, ...], dtype: torch.dtype,
-              device: torch.device) -> torch.Tensor:
+def check_out(
+    out: torch.Tensor | None, like_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """The caller's output buffer (static addresses for CUDA graphs), or a fresh one."""
     if out is None:
         return torch.empty(like_shape, dtype=dtype, device=device)
     return check_tensor("out", out, shape=like_shape, dtypes=(dtype,), device=device)
 
 
-def check_kv_caches(k_cache: object, v_cache: object, q: torch.Tensor, n_heads: int,
-                    head_dim: int) -> tuple[int, int]:
+def check_kv_caches(
+    k_cache: object, v_cache: object, q: torch.Tensor, n_heads: int, head_dim: int
+) -> tuple[int, int]:
     """One slot's caches for attention: k_cache and v_cache (KVH, max_ctx, head_dim) in q's dtype and
     device, with n_heads a multiple of KVH. Returns (KVH, max_ctx)."""
     check_tensor("k_cache", k_cache, ndim=3, dtypes=(q.dtype,), device=q.device)

@@ -23,6 +23,7 @@ from .contract import (
     interpreting,
 )
 from .extend_attention import extend_attention_ref
+from .pdl import check_pdl, launch_options, pdl_enter
 from .split_kv import (
     LOG2E,
     NEG_BIG,
@@ -56,7 +57,9 @@ def _decode_kernel(
     SPLIT: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     kv_head = tl.program_id(0)
     split_id = tl.program_id(1)
     # Clamped so that a bad seq_len reads no memory outside the cache (the host cannot see it).
@@ -114,6 +117,7 @@ def decode_attention(
     sm_scale: float,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Attention of one token q (H, D) or (1, H, D) over k_cache/v_cache (KVH, max_ctx, D) positions
     [0, seq_len); seq_len is a 1-element int32/int64 device tensor, >= 1, counting the current token (already
@@ -126,6 +130,7 @@ def decode_attention(
     n_kv, max_ctx = check_kv_caches(k_cache, v_cache, q, n_heads, head_dim)
     check_position("seq_len", seq_len, q.device)
     out = check_out(out, tuple(q.shape), q.dtype, q.device)
+    check_pdl(pdl, q.device)
 
     group = n_heads // n_kv
     block_n = _block_n()
@@ -133,19 +138,37 @@ def decode_attention(
     # Without splits the kernel writes `out` directly and never touches the partial pointers.
     part_o, part_lse = alloc_partials(splits, n_heads, head_dim, q.device) if splits > 1 else (out, out)
     _decode_kernel[(n_kv, splits)](
-        q, k_cache, v_cache, seq_len, out, part_o, part_lse,
-        max_ctx, splits, sm_scale * LOG2E,
-        H=n_heads, G=group, D=head_dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n,
-        SPLIT=splits > 1, UPCAST=dot_operands_fp32(q.dtype), PRECISION=dot_precision(q.dtype),
-        num_warps=4, num_stages=3,
+        q,
+        k_cache,
+        v_cache,
+        seq_len,
+        out,
+        part_o,
+        part_lse,
+        max_ctx,
+        splits,
+        sm_scale * LOG2E,
+        H=n_heads,
+        G=group,
+        D=head_dim,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n,
+        SPLIT=splits > 1,
+        UPCAST=dot_operands_fp32(q.dtype),
+        PRECISION=dot_precision(q.dtype),
+        num_warps=4,
+        num_stages=3,
+        PDL=pdl,
+        **launch_options(pdl),
     )
     if splits > 1:
-        combine_splits(part_o, part_lse, out.view(n_heads, head_dim), seq_len, 0, max_ctx, block_n)
+        combine_splits(part_o, part_lse, out.view(n_heads, head_dim), seq_len, 0, max_ctx, block_n, pdl)
     return out
 
 
-def decode_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_len: torch.Tensor,
-                         sm_scale: float) -> torch.Tensor:
+def decode_attention_ref(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq_len: torch.Tensor, sm_scale: float
+) -> torch.Tensor:
     """Plain PyTorch in fp32 (the test oracle): the last of seq_len tokens attending to all of them."""
     n_heads, head_dim = q.shape[-2:]
     start = seq_len.reshape(1) - 1

@@ -23,6 +23,7 @@ from .contract import (
     check_tensor,
     interpreting,
 )
+from .pdl import check_pdl, launch_options, pdl_enter
 from .split_kv import (
     LOG2E,
     NEG_BIG,
@@ -57,7 +58,9 @@ def _extend_kernel(
     SPLIT: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     # Last row blocks first: under the causal mask they see the most keys, and starting the longest
     # programs first keeps the tail of a prefill launch short.
     row_block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -154,6 +157,7 @@ def extend_attention(
     sm_scale: float,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Causal attention of q (T, H, D) at positions start..start+T-1 over k_cache/v_cache (KVH, max_ctx, D)
     positions [0, start + T); start is a 1-element int32/int64 device tensor. Returns (T, H, D) in q.dtype.
@@ -166,6 +170,7 @@ def extend_attention(
         raise ValueError(f"q must hold 1..max_ctx ({max_ctx}) tokens, got {n_tok}")
     check_position("start", start, q.device)
     out = check_out(out, tuple(q.shape), q.dtype, q.device)
+    check_pdl(pdl, q.device)
 
     group = n_heads // n_kv
     tiles = tiles_for(n_tok * group)
@@ -175,22 +180,39 @@ def extend_attention(
     rows = n_tok * n_heads
     part_o, part_lse = (out, out) if splits == 1 else alloc_partials(splits, rows, head_dim, q.device)
     _extend_kernel[(row_blocks, n_kv, splits)](
-        q, k_cache, v_cache, start, out, part_o, part_lse,
-        n_tok, max_ctx, splits, sm_scale * LOG2E,
-        H=n_heads, G=group, D=head_dim, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, SPLIT=splits > 1,
-        UPCAST=dot_operands_fp32(q.dtype), PRECISION=dot_precision(q.dtype),
+        q,
+        k_cache,
+        v_cache,
+        start,
+        out,
+        part_o,
+        part_lse,
+        n_tok,
+        max_ctx,
+        splits,
+        sm_scale * LOG2E,
+        H=n_heads,
+        G=group,
+        D=head_dim,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        SPLIT=splits > 1,
+        UPCAST=dot_operands_fp32(q.dtype),
+        PRECISION=dot_precision(q.dtype),
         num_warps=tiles.num_warps,
         # fp32 tiles are twice the bytes: two stages keep a 128-row tile well inside 227 KB of shared memory.
         num_stages=min(tiles.num_stages, 2) if q.dtype == torch.float32 else tiles.num_stages,
+        PDL=pdl,
+        **launch_options(pdl),
     )
     if splits > 1:
-        combine_splits(part_o, part_lse, out.view(rows, head_dim), start, n_tok, max_ctx,
-                       tiles.block_n)
+        combine_splits(part_o, part_lse, out.view(rows, head_dim), start, n_tok, max_ctx, tiles.block_n, pdl)
     return out
 
 
-def extend_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: torch.Tensor,
-                         sm_scale: float) -> torch.Tensor:
+def extend_attention_ref(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: torch.Tensor, sm_scale: float
+) -> torch.Tensor:
     """Plain PyTorch in fp32 (the test oracle): softmax(q k^T * scale + causal mask) v."""
     n_tok, n_heads, _ = q.shape
     s = int(start.item())

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from .contract import FLOAT_DTYPES, check_out, check_tensor
+from .pdl import check_pdl, launch_options, pdl_enter
 
 
 @triton.jit
@@ -25,7 +26,9 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_C)
     col_ok = cols < C
@@ -50,11 +53,12 @@ def rms_norm(
     eps: float,
     residual: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """rmsnorm(x) * weight, or with `residual`: residual += x in place, then rmsnorm(residual) * weight.
 
     x (T, C) and residual (T, C) float, contiguous; weight (C,). Returns (T, C) in x.dtype (filling `out`
-    when given)."""
+    when given). pdl: launch as a programmatic dependent of the previous kernel (kernels/pdl.py)."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     n_rows, n_cols = x.shape
     check_tensor("weight", weight, shape=(n_cols,), dtypes=FLOAT_DTYPES, device=x.device)
@@ -63,12 +67,21 @@ def rms_norm(
     if not eps > 0.0:
         raise ValueError(f"eps must be > 0, got {eps}")
     out = check_out(out, (n_rows, n_cols), x.dtype, x.device)
+    check_pdl(pdl, x.device)
     if n_rows == 0:
         return out
     block_c = triton.next_power_of_2(n_cols)
     _rms_norm_kernel[(n_rows,)](
-        x, x if residual is None else residual, weight, out, n_cols, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK_C=block_c,
+        x,
+        x if residual is None else residual,
+        weight,
+        out,
+        n_cols,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK_C=block_c,
+        PDL=pdl,
+        **launch_options(pdl),
         # About 16 elements per thread: 16-byte bf16 loads with a row of 2K-8K in registers.
         num_warps=min(16, max(1, block_c // 512)),
     )

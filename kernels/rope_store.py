@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from .contract import FLOAT_DTYPES, check_head_dim, check_out, check_position, check_tensor
+from .pdl import check_pdl, launch_options, pdl_enter
 
 # Tokens per program: a (16, D/2) tile per half-head, a few KB in flight.
 _MAX_BLOCK_T = 16
@@ -32,7 +33,9 @@ def _rope_store_kernel(
     KVH: tl.constexpr,
     D: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     head = tl.program_id(1)  # over the H + 2 KVH heads of the qkv row
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,)
     half = tl.arange(0, D // 2)
@@ -71,6 +74,7 @@ def rope_store(
     num_heads: int,
     num_kv_heads: int,
     out: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Rotate q and k of qkv (T, (H + 2 KVH) * D) for positions start..start+T-1; write rotated k and raw v
     to k_cache/v_cache (KVH, max_ctx, D) at those positions; return rotated q (T, H, D) in qkv.dtype.
@@ -97,18 +101,33 @@ def rope_store(
         raise ValueError(f"cos_sin_cache must be (>= {max_ctx}, {head_dim}), got {got}")
     check_position("positions_start", positions_start, qkv.device)
     out = check_out(out, (n_tok, num_heads, head_dim), qkv.dtype, qkv.device)
+    check_pdl(pdl, qkv.device)
     if n_tok == 0:
         return out
     block_t = min(_MAX_BLOCK_T, triton.next_power_of_2(n_tok))
     _rope_store_kernel[(triton.cdiv(n_tok, block_t), n_rows)](
-        qkv, cos_sin_cache, positions_start, out, k_cache, v_cache, n_tok, max_ctx,
-        H=num_heads, KVH=num_kv_heads, D=head_dim, BLOCK_T=block_t, num_warps=4,
+        qkv,
+        cos_sin_cache,
+        positions_start,
+        out,
+        k_cache,
+        v_cache,
+        n_tok,
+        max_ctx,
+        H=num_heads,
+        KVH=num_kv_heads,
+        D=head_dim,
+        BLOCK_T=block_t,
+        num_warps=4,
+        PDL=pdl,
+        **launch_options(pdl),
     )
     return out
 
 
-def rope_cos_sin(max_ctx: int, head_dim: int, theta: float, scaling_factor: float,
-                 device: torch.device | str) -> torch.Tensor:
+def rope_cos_sin(
+    max_ctx: int, head_dim: int, theta: float, scaling_factor: float, device: torch.device | str
+) -> torch.Tensor:
     """(max_ctx, head_dim) fp32: cos in the first half, sin in the second, for positions 0..max_ctx-1.
 
     Computed as Hugging Face's LlamaRotaryEmbedding does for rope_type "default" (scaling_factor 1.0) and
@@ -138,7 +157,7 @@ def rope_store_ref(
     start = int(positions_start.item())
     heads = qkv.view(n_tok, -1, head_dim)  # (T, H + 2 KVH, D)
     q, k, v = heads.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
-    cos, sin = cos_sin_cache[start:start + n_tok].float().chunk(2, dim=-1)  # (T, D/2) each
+    cos, sin = cos_sin_cache[start : start + n_tok].float().chunk(2, dim=-1)  # (T, D/2) each
     cos = torch.cat((cos, cos), -1)[:, None, :]  # (T, 1, D)
     sin = torch.cat((sin, sin), -1)[:, None, :]
 
@@ -147,6 +166,6 @@ def rope_store_ref(
         x1, x2 = x.chunk(2, dim=-1)
         return (x * cos + torch.cat((-x2, x1), dim=-1) * sin).to(qkv.dtype)
 
-    k_cache[:, start:start + n_tok] = rotate(k).transpose(0, 1)  # (KVH, T, D)
-    v_cache[:, start:start + n_tok] = v.transpose(0, 1)
+    k_cache[:, start : start + n_tok] = rotate(k).transpose(0, 1)  # (KVH, T, D)
+    v_cache[:, start : start + n_tok] = v.transpose(0, 1)
     return rotate(q)

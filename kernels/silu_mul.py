@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from .contract import FLOAT_DTYPES, check_out, check_tensor
+from .pdl import check_pdl, launch_options, pdl_enter
 
 # 1024 columns x 4 warps: 8 bf16 per thread per half, one 16-byte load each.
 _BLOCK = 1024
@@ -22,7 +23,9 @@ def _silu_mul_kernel(
     out_ptr,  # (T, I)
     inter,  # I
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     col_ok = cols < inter
@@ -33,17 +36,21 @@ def _silu_mul_kernel(
     tl.store(out_ptr + row * inter + cols, y.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
-def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """gate_up (T, 2I) float, contiguous -> (T, I) = silu(gate) * up in gate_up.dtype (fp32 math)."""
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+    """gate_up (T, 2I) float, contiguous -> (T, I) = silu(gate) * up in gate_up.dtype (fp32 math).
+    pdl: launch as a programmatic dependent of the previous kernel (kernels/pdl.py)."""
     check_tensor("gate_up", gate_up, ndim=2, dtypes=FLOAT_DTYPES)
     n_rows, width = gate_up.shape
     if width % 2:
         raise ValueError(f"gate_up must have an even number of columns (gate | up), got {width}")
     inter = width // 2
     out = check_out(out, (n_rows, inter), gate_up.dtype, gate_up.device)
+    check_pdl(pdl, gate_up.device)
     if n_rows == 0 or inter == 0:
         return out
-    _silu_mul_kernel[(n_rows, triton.cdiv(inter, _BLOCK))](gate_up, out, inter, BLOCK=_BLOCK, num_warps=4)
+    _silu_mul_kernel[(n_rows, triton.cdiv(inter, _BLOCK))](
+        gate_up, out, inter, BLOCK=_BLOCK, PDL=pdl, num_warps=4, **launch_options(pdl)
+    )
     return out
 
 

@@ -24,9 +24,13 @@ import triton
 import triton.language as tl
 
 from .contract import FLOAT_DTYPES, check_out, check_tensor, interpreting
+from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 from .split_kv import dot_operands_fp32, dot_precision
 
 MAX_M = 16  # rows of x a program holds: one tl.dot tile
+# Columns of its weight rows a program asks L2 for before waiting on the previous kernel (under PDL): a few
+# tiles, so the stream starts at full rate when the wait returns; more would crowd L2 for the next kernels.
+PREFETCH_K = tl.constexpr(1024)
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ def _skinny_kernel(
     EVEN_K: tl.constexpr,  # K == SPLIT_K * k_per_split: no K masks
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -73,6 +79,20 @@ def _skinny_kernel(
     k_lo = pid_k * k_per_split
     x_row = rm.to(tl.int64)[:, None] * (2 * K if SWIGLU else K)
     w_row = rn_safe.to(tl.int64)[:, None] * K
+    pdl_release(PDL)
+    if PREFETCH:
+        # Weights are written by nobody in a step: read them into L2 while the previous kernel finishes,
+        # one prefetch per 128-byte line.
+        pk = tl.minimum(k_lo + tl.arange(0, PREFETCH_K // 64) * 64, K - 1)
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;",
+            "=r,l",
+            [w_ptr + w_row + pk[None, :]],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    pdl_wait(PDL)  # x is the previous kernel's output
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, k_per_split, BLOCK_K):
         kk = k_lo + k0 + rk
@@ -131,20 +151,16 @@ class SkinnyWorkspace:
 
 
 def default_config(m: int, n: int, k: int, device: torch.device) -> SkinnyConfig:
-    """Tiles from the shape and the SM count. Enough programs that every SM streams (split-K when the
-    N blocks alone are too few), wide enough N blocks at M = 16 that re-reading x (from L2) stays small
-    beside the weight stream."""
+    """Tiles from the shape and the SM count, as the H200 sweep (kernels/check_skinny.py) ranked them at the
+    DeepSeek-Coder shapes for M = 1, 4, 16: 32-row blocks with whole rows when they give about one program
+    per SM or more; otherwise 64-row blocks over 4 K shares (the 2048-wide 1.3B O and down projections).
+    16-row blocks and deeper splits ranked lower at every shape."""
     if interpreting() or device.type != "cuda":
         return SkinnyConfig(block_n=16, block_k=32, split_k=1, num_warps=4, num_stages=1)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    block_n = 16 if m <= 8 else 32
-    block_k = 256
-    blocks = triton.cdiv(n, block_n)
-    split = 1
-    # Two programs per SM, each with its own K share of at least two tiles.
-    while blocks * split < 2 * sms and k // (2 * split) >= 2 * block_k and split < 8:
-        split *= 2
-    return SkinnyConfig(block_n=block_n, block_k=block_k, split_k=split, num_warps=4, num_stages=4)
+    if triton.cdiv(n, 32) * 10 >= sms * 9 or k < 4 * 128:
+        return SkinnyConfig(block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=4)
+    return SkinnyConfig(block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=4)
 
 
 def skinny_gemm(
@@ -154,9 +170,11 @@ def skinny_gemm(
     out: torch.Tensor | None = None,
     config: SkinnyConfig | None = None,
     workspace: SkinnyWorkspace | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """x (M, K) @ w (N, K).T -> (M, N) in x.dtype, M <= 16; with swiglu, x is (M, 2K) [gate | up] and the
-    product is (silu(gate) * up) @ w.T. Split-K configs need a workspace (one is allocated if none)."""
+    product is (silu(gate) * up) @ w.T. Split-K configs need a workspace (one is allocated if none).
+    pdl: launch as a programmatic dependent of the previous kernel, prefetching weights meanwhile."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor("w", w, ndim=2, dtypes=(x.dtype,), device=x.device)
     m, width = x.shape
@@ -169,6 +187,7 @@ def skinny_gemm(
     if n < 1 or k < 1:
         raise ValueError(f"w must be non-empty, got shape {tuple(w.shape)}")
     out = check_out(out, (m, n), x.dtype, x.device)
+    check_pdl(pdl, x.device)
     cfg = config or default_config(m, n, k, x.device)
     for name in ("block_n", "block_k"):
         size = getattr(cfg, name)
@@ -205,8 +224,11 @@ def skinny_gemm(
         EVEN_K=split * k_per_split == k,
         UPCAST=dot_operands_fp32(x.dtype),
         PRECISION=dot_precision(x.dtype),
+        PDL=pdl,
+        PREFETCH=pdl and x.dtype == torch.bfloat16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **launch_options(pdl),
     )
     return out
 

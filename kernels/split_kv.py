@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from .contract import interpreting
+from .pdl import launch_options, pdl_enter
 
 # Scores are kept in log2 units (exp2 is the native instruction): qk_scale = sm_scale * log2(e).
 LOG2E = 1.4426950408889634
@@ -59,7 +60,9 @@ def _combine_kernel(
     D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     kv_len = tl.minimum(tl.load(kv_len_ptr).to(tl.int32) + kv_len_offset, max_ctx)
     _, _, chunk = split_range(kv_len, 0, num_splits, BLOCK_N)
@@ -89,8 +92,9 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def choose_num_splits(programs: int, max_ctx: int, block_n: int, device: torch.device,
-                      requested: int | None) -> int:
+def choose_num_splits(
+    programs: int, max_ctx: int, block_n: int, device: torch.device, requested: int | None
+) -> int:
     """Splits per (query block, KV head), from shapes only (never from the live length).
 
     Aim for two programs per SM so a short query still streams the cache at full bandwidth; the interpreter
@@ -106,18 +110,41 @@ def choose_num_splits(programs: int, max_ctx: int, block_n: int, device: torch.d
     return max(1, min(limit, triton.cdiv(target, programs)))
 
 
-def alloc_partials(num_splits: int, rows: int, head_dim: int, device: torch.device
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def alloc_partials(
+    num_splits: int, rows: int, head_dim: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(S, R, D) outputs and (S, R) log2-sum-exps; rows of skipped splits stay unwritten."""
-    return (torch.empty((num_splits, rows, head_dim), dtype=torch.float32, device=device),
-            torch.empty((num_splits, rows), dtype=torch.float32, device=device))
+    return (
+        torch.empty((num_splits, rows, head_dim), dtype=torch.float32, device=device),
+        torch.empty((num_splits, rows), dtype=torch.float32, device=device),
+    )
 
 
-def combine_splits(part_o: torch.Tensor, part_lse: torch.Tensor, out: torch.Tensor, kv_len_ptr: torch.Tensor,
-                   kv_len_offset: int, max_ctx: int, block_n: int) -> None:
+def combine_splits(
+    part_o: torch.Tensor,
+    part_lse: torch.Tensor,
+    out: torch.Tensor,
+    kv_len_ptr: torch.Tensor,
+    kv_len_offset: int,
+    max_ctx: int,
+    block_n: int,
+    pdl: bool = False,
+) -> None:
     """out (R, D) from the partials; kv_len_ptr, offset, max_ctx, block_n as the partial kernel had them."""
     num_splits, rows, head_dim = part_o.shape
     _combine_kernel[(rows,)](
-        part_o, part_lse, out, kv_len_ptr, kv_len_offset, max_ctx, rows, num_splits,
-        D=head_dim, BLOCK_N=block_n, BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4,
+        part_o,
+        part_lse,
+        out,
+        kv_len_ptr,
+        kv_len_offset,
+        max_ctx,
+        rows,
+        num_splits,
+        D=head_dim,
+        BLOCK_N=block_n,
+        BLOCK_S=triton.next_power_of_2(num_splits),
+        num_warps=4,
+        PDL=pdl,
+        **launch_options(pdl),
     )

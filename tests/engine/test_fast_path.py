@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
 import torch
 
 from lsp_dscoder.engine import CompletionRequest, SamplingParams
@@ -74,3 +75,26 @@ def test_fast_path_generates_the_reference_tokens(tiny_model: Path) -> None:
         runs.append(generate(request, runner, cache, tok, threading.Event(), lambda e: None, 8, 0.0))
     assert runs[0].stats.prefilled_tokens == runs[1].stats.prefilled_tokens == len(prompt)
     assert runs[0].token_ids == runs[1].token_ids and len(runs[0].token_ids) >= 1
+
+
+def test_gemm_choices_give_the_same_logits(tmp_path_factory) -> None:
+    """Steps of <= 16 tokens on the skinny GEMM and on torch's matmul (cuBLAS on a GPU) agree."""
+    folder = cached_checkpoint(tmp_path_factory.mktemp("gemm"), "gemm", hidden_size=64, intermediate_size=96)
+    model, cache = build(folder)
+    ids = torch.randint(0, model.cfg.vocab_size, (11,), generator=torch.Generator().manual_seed(1))
+    got = {}
+    for slot, gemm in enumerate(("skinny", "cublas")):
+        runner = FastRunner(model, cache, graphs=False, gemm=gemm)
+        assert runner.pdl is False  # no programmatic launches on the CPU
+        got[gemm] = (runner.prefill(ids[:10], 0, slot), runner.decode(int(ids[10]), 10, slot))
+    for a, b in zip(got["skinny"], got["cublas"], strict=True):
+        torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
+
+
+def test_bad_runner_options(tiny_model: Path) -> None:
+    model, cache = build(tiny_model)
+    with pytest.raises(ValueError, match="gemm must be one of"):
+        FastRunner(model, cache, graphs=False, gemm="cutlass")
+    runner = FastRunner(model, cache, graphs=False, pdl=True)
+    with pytest.raises(ValueError, match="pdl needs a compiled launch on an sm_90"):
+        runner.prefill(torch.tensor([1, 2]), 0, 0)

@@ -1,11 +1,11 @@
-"""The fast path with the skinny GEMM against the same fast path on cuBLAS, in one process on the same
-random weights (DeepSeek-Coder shapes, bf16): step times and logits, run by hand on a CUDA machine.
+"""The fast path's GEMM and launch choices side by side, in one process on the same random weights
+(DeepSeek-Coder shapes, bf16): step times and logits, run by hand on a CUDA machine.
 
     python -m tests.gpu.skinny_ab [--shapes 1.3B,6.7B] [--reps 20]
 
-Each step is one CUDA graph replay plus the argmax, timed with device events (median). Both runners share
-one KV slot, filled once by a 4K prefill; logits of the same steps are compared with each other and with
-the reference path (plain PyTorch), relative L2.
+Each step is one CUDA graph replay plus the argmax, timed with device events (median). All runners share
+one KV slot, filled once by a 4K prefill; the logits of each step are compared with the reference path
+(plain PyTorch) on the same cache, relative L2.
 """
 
 from __future__ import annotations
@@ -25,6 +25,14 @@ from lsp_dscoder.kernels import shapes
 
 PREFIX = 4096
 STEPS = {"decode @4K": 1, "keystroke +4 @4K": 4, "+16 @4K": 16}
+# name -> FastRunner(gemm=, pdl=): "before" is the fast path as it was (cuBLAS, no PDL), "auto" what ships.
+VARIANTS: dict[str, tuple[str, bool | None]] = {
+    "before": ("cublas", False),
+    "cuBLAS+PDL": ("cublas", True),
+    "skinny": ("skinny", False),
+    "skinny+PDL": ("skinny", True),
+    "auto": ("auto", None),
+}
 
 
 def config(m: shapes.Model) -> ModelConfig:
@@ -68,30 +76,25 @@ def run_shape(m: shapes.Model, reps: int, copy_bw: float) -> None:
     dev = torch.device("cuda")
     cache = KVCache(cfg, 1, 8192 + 64, dev, torch.bfloat16, pad=max(BUCKETS))
     model = Transformer(cfg, random_weights(cfg, dev, torch.bfloat16), cache.capacity)
-    runners = {"cuBLAS": FastRunner(model, cache, skinny=False), "skinny": FastRunner(model, cache)}
+    runners = {name: FastRunner(model, cache, gemm=gemm, pdl=pdl) for name, (gemm, pdl) in VARIANTS.items()}
     for r in runners.values():
         r.capture()
     gen = torch.Generator(dev).manual_seed(0)
     ids = torch.randint(2, cfg.vocab_size, (PREFIX + 16,), device=dev, generator=gen)
-    runners["cuBLAS"].prefill(ids[:PREFIX], 0, 0)
+    runners["before"].prefill(ids[:PREFIX], 0, 0)
     w = model.w
-    weight_bytes = (
-        sum(
-            t.numel() * t.element_size()
-            for layer in w.layers
-            for t in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)
-        )
-        + w.lm_head.numel() * 2
-    )
+    matrices = [t for layer in w.layers for t in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
+    weight_bytes = sum(t.numel() * t.element_size() for t in matrices) + w.lm_head.numel() * 2
     kv_bytes = 2 * cfg.num_layers * cfg.kv_size * PREFIX * 2
     floor = (weight_bytes + kv_bytes) / copy_bw * 1e3
     print(
-        f"\n{m.name}: floor {floor:.3f} ms (weights {weight_bytes / 1e9:.2f} GB + KV "
-        f"{kv_bytes / 1e9:.2f} GB at {copy_bw / 1e12:.2f} TB/s)"
+        f"\n{m.name}: floor {floor:.3f} ms (weights {weight_bytes / 1e9:.2f} GB + KV {kv_bytes / 1e9:.2f} GB)"
     )
+    print(f"auto chose per bucket: {runners['auto'].chosen}")
+    names = list(runners)
     print(
-        f"{'step':18s} {'cuBLAS ms':>9s} {'skinny ms':>9s} {'x floor':>7s} {'speedup':>7s} "
-        f"{'skinny vs cuBLAS':>16s} {'skinny vs ref':>13s} {'cuBLAS vs ref':>13s}"
+        f"{'step':17s} " + " ".join(f"{n:>10s}" for n in names) + f" {'auto/floor':>10s} {'before/auto':>11s}"
+        "  rel L2 to reference: " + " ".join(f"{n:>10s}" for n in names)
     )
     for name, new in STEPS.items():
         new_ids = ids[PREFIX : PREFIX + new]
@@ -105,9 +108,10 @@ def run_shape(m: shapes.Model, reps: int, copy_bw: float) -> None:
         ref = model.forward_reference(new_ids, PREFIX, cache, 0)
         ms = {k: events_ms(lambda r=r: step(r).argmax(-1), reps) for k, r in runners.items()}
         print(
-            f"{name:18s} {ms['cuBLAS']:9.3f} {ms['skinny']:9.3f} {ms['skinny'] / floor:7.2f} "
-            f"{ms['cuBLAS'] / ms['skinny']:6.2f}x {rel(logits['skinny'], logits['cuBLAS']):16.2e} "
-            f"{rel(logits['skinny'], ref):13.2e} {rel(logits['cuBLAS'], ref):13.2e}"
+            f"{name:17s} "
+            + " ".join(f"{ms[n]:10.3f}" for n in names)
+            + f" {ms['auto'] / floor:10.2f} {ms['before'] / ms['auto']:10.2f}x  "
+            + " ".join(f"{rel(logits[n], ref):10.2e}" for n in names)
         )
     del runners, model, cache
     torch.cuda.empty_cache()

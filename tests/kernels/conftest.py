@@ -22,8 +22,10 @@ def _kernels_interpreted() -> None:
     from lsp_dscoder.kernels import rms_norm
 
     if not torch.cuda.is_available() and not isinstance(rms_norm._rms_norm_kernel, InterpretedFunction):
-        pytest.fail("lsp_dscoder.kernels was imported before TRITON_INTERPRET=1 was set: set it in "
-                    "tests/conftest.py so it precedes every import of the kernels")
+        pytest.fail(
+            "lsp_dscoder.kernels was imported before TRITON_INTERPRET=1 was set: set it in "
+            "tests/conftest.py so it precedes every import of the kernels"
+        )
 
 
 @pytest.fixture(autouse=True)

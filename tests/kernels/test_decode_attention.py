@@ -35,8 +35,9 @@ def _poison_partials(monkeypatch: pytest.MonkeyPatch) -> None:
         (2, 2, 128, 21, 2, torch.float32),  # the real head size
     ],
 )
-def test_matches_reference(n_heads: int, n_kv: int, head_dim: int, seq_len: int, splits: int | None,
-                           dtype: torch.dtype) -> None:
+def test_matches_reference(
+    n_heads: int, n_kv: int, head_dim: int, seq_len: int, splits: int | None, dtype: torch.dtype
+) -> None:
     q = torch.randn(n_heads, head_dim).to(dtype)
     k_cache, v_cache = make_cache(n_kv, head_dim, seq_len, dtype)
     length = torch.tensor([seq_len], dtype=torch.int32)
@@ -59,8 +60,9 @@ def test_token_axis_and_extend_agree() -> None:
     got = decode_attention(q, k_cache, v_cache, torch.tensor([30]), 0.25, num_splits=2)
 
     assert got.shape == (1, 4, 16)
-    torch.testing.assert_close(got, extend_attention(q, k_cache, v_cache, torch.tensor([29]), 0.25),
-                               atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        got, extend_attention(q, k_cache, v_cache, torch.tensor([29]), 0.25), atol=1e-6, rtol=1e-5
+    )
 
 
 def test_contract_errors() -> None:

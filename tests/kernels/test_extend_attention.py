@@ -34,8 +34,9 @@ def poison_partials(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(module, "alloc_partials", poisoned)
 
 
-def make_cache(n_kv: int, head_dim: int, kv_len: int, dtype: torch.dtype
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def make_cache(
+    n_kv: int, head_dim: int, kv_len: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random K/V for positions < kv_len, NaN past them: any read of an unused row poisons the output."""
     k = torch.randn(n_kv, MAX_CTX, head_dim)
     v = torch.randn(n_kv, MAX_CTX, head_dim)
@@ -58,8 +59,16 @@ def make_cache(n_kv: int, head_dim: int, kv_len: int, dtype: torch.dtype
         (2, 2, 128, 5, 21, 2, torch.bfloat16),  # the real head size
     ],
 )
-def test_matches_reference(monkeypatch: pytest.MonkeyPatch, n_heads: int, n_kv: int, head_dim: int,
-                           n_tok: int, prefix: int, splits: int | None, dtype: torch.dtype) -> None:
+def test_matches_reference(
+    monkeypatch: pytest.MonkeyPatch,
+    n_heads: int,
+    n_kv: int,
+    head_dim: int,
+    n_tok: int,
+    prefix: int,
+    splits: int | None,
+    dtype: torch.dtype,
+) -> None:
     poison_partials(monkeypatch)
     q = torch.randn(n_tok, n_heads, head_dim).to(dtype)
     k_cache, v_cache = make_cache(n_kv, head_dim, prefix + n_tok, dtype)

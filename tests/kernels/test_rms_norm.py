@@ -32,9 +32,10 @@ def test_matches_reference(dtype: torch.dtype, n_rows: int, n_cols: int) -> None
     torch.testing.assert_close(got, rms_norm_ref(x, weight, EPS), atol=atol, rtol=rtol)
 
 
-@pytest.mark.parametrize(("dtype", "res_dtype"),
-                         [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                          (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize(
+    ("dtype", "res_dtype"),
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32)],
+)
 def test_residual_added_in_place(dtype: torch.dtype, res_dtype: torch.dtype) -> None:
     x = torch.randn(17, 37).to(dtype)
     residual = torch.randn(17, 37).to(res_dtype)

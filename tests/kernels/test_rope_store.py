@@ -34,8 +34,9 @@ def _caches(n_kv: int, head_dim: int, dtype: torch.dtype) -> tuple[torch.Tensor,
         (2, 2, 128, 3, 60, torch.bfloat16),  # the real head size, ending at the cache's last row
     ],
 )
-def test_matches_reference(n_heads: int, n_kv: int, head_dim: int, n_tok: int, start: int,
-                           dtype: torch.dtype) -> None:
+def test_matches_reference(
+    n_heads: int, n_kv: int, head_dim: int, n_tok: int, start: int, dtype: torch.dtype
+) -> None:
     cos_sin = rope_cos_sin(MAX_CTX, head_dim, 10000.0, 4.0, "cpu")
     qkv = torch.randn(n_tok, (n_heads + 2 * n_kv) * head_dim).to(dtype)
     k_cache, v_cache = _caches(n_kv, head_dim, dtype)
@@ -54,7 +55,7 @@ def test_matches_reference(n_heads: int, n_kv: int, head_dim: int, n_tok: int, s
     # Rows outside start..start+T-1 are untouched, bit for bit.
     for cache, want in ((k_cache, k_want), (v_cache, v_want)):
         assert torch.equal(cache[:, :start], want[:, :start])
-        assert torch.equal(cache[:, start + n_tok:], want[:, start + n_tok:])
+        assert torch.equal(cache[:, start + n_tok :], want[:, start + n_tok :])
 
 
 def test_rows_past_the_cache_are_dropped() -> None:
@@ -78,8 +79,14 @@ def test_cos_sin_is_llama_rotary_embedding(factor: float) -> None:
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     scaling = None if factor == 1.0 else {"rope_type": "linear", "factor": factor}
-    config = LlamaConfig(hidden_size=64, num_attention_heads=2, head_dim=32, rope_theta=100000.0,
-                         rope_scaling=scaling, max_position_embeddings=MAX_CTX)
+    config = LlamaConfig(
+        hidden_size=64,
+        num_attention_heads=2,
+        head_dim=32,
+        rope_theta=100000.0,
+        rope_scaling=scaling,
+        max_position_embeddings=MAX_CTX,
+    )
     cos, sin = LlamaRotaryEmbedding(config)(torch.zeros(1), torch.arange(MAX_CTX)[None])  # (1, L, D)
 
     cos_sin = rope_cos_sin(MAX_CTX, 32, 100000.0, factor, "cpu")
@@ -98,12 +105,12 @@ def test_rotation_is_llama_rotate_half() -> None:
     q = rope_store_ref(qkv, cos_sin, torch.tensor([start]), k_cache, v_cache, n_heads, n_kv)
 
     heads = qkv.view(1, n_tok, -1, head_dim).transpose(1, 2)  # (1, H + 2 KVH, T, D)
-    cos, sin = cos_sin[start:start + n_tok].chunk(2, -1)
+    cos, sin = cos_sin[start : start + n_tok].chunk(2, -1)
     cos, sin = torch.cat((cos, cos), -1)[None], torch.cat((sin, sin), -1)[None]  # (1, T, D)
-    q_hf, k_hf = apply_rotary_pos_emb(heads[:, :n_heads], heads[:, n_heads:n_heads + n_kv], cos, sin)
+    q_hf, k_hf = apply_rotary_pos_emb(heads[:, :n_heads], heads[:, n_heads : n_heads + n_kv], cos, sin)
 
     torch.testing.assert_close(q, q_hf[0].transpose(0, 1), atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(k_cache[:, start:start + n_tok], k_hf[0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(k_cache[:, start : start + n_tok], k_hf[0], atol=1e-6, rtol=1e-6)
 
 
 def test_contract_errors() -> None:
@@ -126,7 +133,14 @@ def test_contract_errors() -> None:
     with pytest.raises(ValueError, match="cos_sin_cache must have dtype"):
         rope_store(qkv, cos_sin.double(), pos, k_cache, v_cache, 2, 1)
     with pytest.raises(ValueError, match="head_dim must be a power of two"):
-        rope_store(torch.randn(3, 4 * 24), rope_cos_sin(MAX_CTX, 24, 1e4, 1.0, "cpu"), pos,
-                   torch.randn(1, MAX_CTX, 24), torch.randn(1, MAX_CTX, 24), 2, 1)
+        rope_store(
+            torch.randn(3, 4 * 24),
+            rope_cos_sin(MAX_CTX, 24, 1e4, 1.0, "cpu"),
+            pos,
+            torch.randn(1, MAX_CTX, 24),
+            torch.randn(1, MAX_CTX, 24),
+            2,
+            1,
+        )
     with pytest.raises(ValueError, match="even head_dim"):
         rope_cos_sin(MAX_CTX, 15, 1e4, 1.0, "cpu")
