@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lsp_dscoder.backend import Backend, Handle
-from lsp_dscoder.settings import Settings
+from lsp_dscoder.settings import BackendKind, Settings
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,9 @@ class EngineHost:
         self.settings: Settings | None = None
         self._errors: tuple[type[Exception], ...] = ()
         self._lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # (logging level, message) for the user, called on the event loop: the remote backend's outages
+        self.notify: Callable[[int, str], None] | None = None
 
     @property
     def ready(self) -> bool:
@@ -55,7 +58,7 @@ class EngineHost:
             return await self._load(settings, report)
 
     async def _load(self, settings: Settings, report: Report) -> bool:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         old, self.engine = self.engine, None
         self.state, self.error, self.settings = LoadState.LOADING, None, settings
 
@@ -93,6 +96,11 @@ class EngineHost:
             from lsp_dscoder.bundled import default_model_path
 
             model = default_model_path()  # FileNotFoundError naming what is missing
+        if settings.backend is BackendKind.REMOTE:  # a serving engine; `model` names only the tokenizer
+            from lsp_dscoder.remote import open_remote
+
+            assert self._loop is not None
+            return open_remote(settings, model, self.notify, self._loop)
         device, dtype = resolve(settings.device, settings.dtype.value)
         config = api.EngineConfig(
             model=model,

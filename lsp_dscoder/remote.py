@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import http.client
 import json
 import logging
@@ -30,7 +31,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,10 +122,10 @@ class RemoteBackend:
             log.warning(
                 "environment variable %s is empty: requests go without an API key", config.api_key_env
             )
-        self._pool = ConnectionPool(self.endpoint, config.connect_timeout_s)
         self._workers = concurrent.futures.ThreadPoolExecutor(
             _WORKERS, thread_name_prefix="lsp-dscoder-remote"
         )
+        self._pool = ConnectionPool(self.endpoint, config.connect_timeout_s, self._spawn)
         self.model = config.model
         self.health = Health(str(self.endpoint), self._probe, notify)
         self._lock = threading.Lock()
@@ -171,6 +172,7 @@ class RemoteBackend:
         out.update(self.health.as_dict())
         out["model"] = self.model
         out["connectionsOpened"] = self._pool.opened
+        out["connectsOnRequestPath"] = self._pool.opened_on_request  # a keystroke waited for a handshake
         return out
 
     def close(self) -> None:
@@ -187,6 +189,11 @@ class RemoteBackend:
         self.close()
 
     # -- requests ------------------------------------------------------------------------------------
+    def _spawn(self, task: Callable[[], None]) -> None:
+        if not self._closed:
+            with contextlib.suppress(RuntimeError):  # shut down meanwhile: nothing to warm up for
+                self._workers.submit(task)
+
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._key}"} if self._key else {}
 
@@ -260,8 +267,6 @@ class RemoteBackend:
                 abort(conn)
                 conn.close()
         text = decoder.finish()
-        if conn is not None and error is None:
-            self._workers.submit(self._pool.warm)  # the next keystroke should find an open connection
         self._finish(handle, decoder, text, ids, started, ttft, stop, error)
 
     def _timeout(self, request: CompletionRequest, seconds: float) -> float:

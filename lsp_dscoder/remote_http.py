@@ -15,7 +15,7 @@ import json
 import select
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -81,24 +81,39 @@ def _stale(conn: http.client.HTTPConnection) -> bool:
 
 
 class ConnectionPool:
-    """Keep-alive connections to one endpoint, shared by the backend's worker threads."""
+    """Keep-alive connections to one endpoint, shared by the backend's worker threads.
 
-    def __init__(self, endpoint: Endpoint, connect_timeout: float) -> None:
+    One spare connection is kept open ahead of need: taking the last idle one opens the next in the
+    background (`spawn`). Some servers (llama.cpp's) close the connection after each stream, and a
+    cancelled stream must be cut; either way the next keystroke finds a connection already open."""
+
+    def __init__(
+        self, endpoint: Endpoint, connect_timeout: float, spawn: Callable[[Callable[[], None]], object]
+    ) -> None:
         self.endpoint = endpoint
         self.connect_timeout = connect_timeout
+        self._spawn = spawn
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
+        self._warming = False
         self.opened = 0  # connections opened (TCP handshakes paid), for the stats
+        self.opened_on_request = 0  # of which a request had to wait for
 
     def acquire(self) -> http.client.HTTPConnection:
         """An open connection: an idle one if the server kept it, otherwise a new one (connects now)."""
+        conn = None
         with self._lock:
-            while self._idle:
+            while self._idle and conn is None:
                 conn = self._idle.pop()
-                if not _stale(conn):
-                    return conn
-                conn.close()
-        return self._open()
+                if _stale(conn):
+                    conn.close()
+                    conn = None
+            self.opened_on_request += conn is None
+            warm = not self._idle and not self._warming
+            self._warming |= warm
+        if warm:
+            self._spawn(self._warm)
+        return conn if conn is not None else self._open()
 
     def _open(self) -> http.client.HTTPConnection:
         e = self.endpoint
@@ -119,13 +134,13 @@ class ConnectionPool:
                 return
         conn.close()
 
-    def warm(self) -> None:
-        """Open one connection ahead of the next request (after a stream was cut), if none is idle."""
-        with self._lock:
-            if self._idle:
-                return
-        with contextlib.suppress(OSError):
-            self.release(self._open())
+    def _warm(self) -> None:
+        try:
+            with contextlib.suppress(OSError):  # the endpoint is down: the next request will say so
+                self.release(self._open())
+        finally:
+            with self._lock:
+                self._warming = False
 
     def close(self) -> None:
         with self._lock:

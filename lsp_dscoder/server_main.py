@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 from lsp_dscoder import settings as settings_mod
 from lsp_dscoder.settings import DType
@@ -26,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=[d.value for d in DType], help="default: auto")
     parser.add_argument("--max-context", type=int, help="KV cache length per slot, in tokens")
     parser.add_argument("--num-slots", type=int, help="documents whose KV stays cached")
+    parser.add_argument("--backend", choices=["local", "remote"], help="local (default) or remote")
+    parser.add_argument("--endpoint", help="remote: URL of an OpenAI-compatible server")
+    parser.add_argument("--remote-model", help="remote: the served model (default: the first listed)")
+    parser.add_argument("--api-key-env", help="remote: environment variable that holds the API key")
+    parser.add_argument("--remote-prompt", choices=["tokens", "text"], help="remote: send token ids or text")
     parser.add_argument("--log-file", help="append logs here instead of stderr")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -50,6 +56,12 @@ def _protocol_stdout() -> object:
     return out
 
 
+def _message_type(level: int) -> Any:
+    from lsprotocol import types
+
+    return types.MessageType.Warning if level >= logging.WARNING else types.MessageType.Info
+
+
 def run(args: argparse.Namespace) -> int:
     from lsp_dscoder.server import create_server
 
@@ -60,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
         "dtype": args.dtype,
         "maxContext": args.max_context,
         "numSlots": args.num_slots,
+        "backend": args.backend,
+        "endpoint": args.endpoint,
+        "remoteModel": args.remote_model,
+        "apiKeyEnv": args.api_key_env,
+        "remotePrompt": args.remote_prompt,
     }
     base, problems = settings_mod.parse({k: v for k, v in cli.items() if v is not None})
     if problems:
@@ -67,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             logging.getLogger(__name__).error("%s", problem)
         return 2
     ls = create_server(base)
+    ls.host.notify = lambda level, message: ls.show(message, _message_type(level))
     try:
         if args.tcp:
             ls.start_tcp(args.host, args.port)

@@ -88,7 +88,8 @@ def test_streamed_ids_decoded_locally_and_connection_kept_alive(server: BadServe
         assert first.text == backend.tokenizer.decode(ids)
         assert first.stats.stop_reason is StopReason.MAX_TOKENS
         assert first.stats.backend == {"timings": {"cache_n": 0}}
-        assert server.record.connections == 1  # probe and both requests on one keep-alive connection
+        # The load-time probe connected; the requests found kept-alive connections (and a spare).
+        assert server.record.connections == 2 and backend.stats()["connectsOnRequestPath"] == 1
         body = server.record.requests[0]
         assert body["prompt"] == list(PROMPT) and body["stream"] is True and body["model"] == "bad-model"
         assert body["logprobs"] == 1 and body["max_tokens"] == 16
