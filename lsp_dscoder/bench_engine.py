@@ -1,0 +1,197 @@
+"""`lsp-dscoder bench` (engine): the fast path against transformers on the same weights and the floors.
+
+Scenarios (GPU time by CUDA events, median of repetitions): cold prefill of 512/2K/4K/8K tokens, a
+keystroke (4 new tokens over 4K cached), a line change (256 over 4K), a decode step at 4K. Floors come
+from the GEMM rate and copy bandwidth this command measures itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lsp_dscoder.engine.config import ModelConfig
+from lsp_dscoder.engine.factory import Assembly, assemble
+from lsp_dscoder.engine.weights import Weights
+
+# name: (new tokens, cached prefix)
+SCENARIOS = {
+    "cold 512": (512, 0),
+    "cold 2K": (2048, 0),
+    "cold 4K": (4096, 0),
+    "cold 8K": (8192, 0),
+    "keystroke +4 @4K": (4, 4096),
+    "line +256 @4K": (256, 4096),
+    "decode @4K": (1, 4096),
+}
+
+
+def _events(fn: Callable[[], object], reps: int) -> float:
+    """Median GPU milliseconds of fn() over reps runs (after warm-up)."""
+    from lsp_dscoder.kernels.check_gpu import median_ms
+
+    return float(median_ms(fn, reps))
+
+
+def measure_floors() -> dict[str, float]:
+    """The measured ceilings (the kernels' check uses the same measurement)."""
+    from lsp_dscoder.kernels.check_gpu import measure_floors as floors
+
+    copy_bps, gemm_flops = floors(torch.device("cuda"))
+    return {"gemm_tflops": gemm_flops / 1e12, "copy_tbps": copy_bps / 1e12}
+
+
+def floor_ms(cfg: ModelConfig, new: int, prefix: int, floors: dict[str, float]) -> tuple[float, str]:
+    c, i, v, layers = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
+    linear = layers * (c * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * c + 3 * c * i)
+    attn = 4 * layers * cfg.q_size * new * (prefix + (new + 1) / 2)
+    flops = 2 * new * linear + attn + 2 * c * v
+    kv_bytes = layers * 2 * cfg.kv_size * 2 * (prefix + new)
+    weight_bytes = 2 * (linear + c * v)
+    t_flop = flops / (floors["gemm_tflops"] * 1e9)
+    t_mem = (weight_bytes + kv_bytes) / (floors["copy_tbps"] * 1e9)
+    return max(t_flop, t_mem), "FLOP" if t_flop > t_mem else "bytes"
+
+
+def start_engine(cfg: ModelConfig, weights: Weights, max_context: int, slots: int = 1) -> Assembly:
+    """The fast path as the engine builds it, on CUDA in bf16."""
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    return assemble(
+        cfg, weights, num_slots=slots, max_context=max_context, device=dev, dtype=dt, fast_path=True
+    )
+
+
+def startup_times(shape: str) -> dict[str, float | None]:
+    """Warm-up (kernel compile + graph capture) in a fresh process with an empty Triton cache, then again
+    in a second fresh process with the cache the first one left: the second start."""
+    out: dict[str, float | None] = {}
+    with tempfile.TemporaryDirectory() as cache_dir:
+        env = {**os.environ, "TRITON_CACHE_DIR": cache_dir}
+        for name in ("first start", "second start"):
+            cmd = [sys.executable, "-m", "lsp_dscoder", "bench", "--startup-probe", shape]
+            res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+            ok = res.returncode == 0
+            out[name] = json.loads(res.stdout.strip().splitlines()[-1])["warmup_s"] if ok else None
+    return out
+
+
+def parity(built: Assembly, hf: Any, cfg: ModelConfig) -> dict[str, float]:
+    """Logits of a 512-token prompt: fast vs reference vs transformers (bf16) vs transformers in fp32."""
+    from lsp_dscoder.bench import exact_rotary
+
+    ids = torch.randint(2, cfg.vocab_size, (512,), device="cuda")
+    fast = built.runner.prefill(ids, 0, 0)
+    ref = built.model.forward_reference(ids, 0, built.cache, 0)
+    rows = {"fast vs reference": (fast, ref)}
+    if hf is not None:
+        with torch.no_grad():
+            hf_bf16 = hf(ids[None], logits_to_keep=1).logits[0].float()
+            truth = hf.float()(ids[None], logits_to_keep=1).logits[0].float()
+            hf.to(torch.bfloat16)
+            exact_rotary(hf)
+        rows |= {
+            "fast vs transformers": (fast, hf_bf16),
+            "fast vs fp32": (fast, truth),
+            "reference vs fp32": (ref, truth),
+            "transformers bf16 vs fp32": (hf_bf16, truth),
+        }
+    return {k: float((a - b).norm() / b.norm()) for k, (a, b) in rows.items()}
+
+
+def bench_model(label: str, cfg: ModelConfig, weights: Weights, hf: Any, reps: int) -> dict[str, Any]:
+    floors = measure_floors()
+    built = start_engine(cfg, weights, max_context=8192 + 64)
+    result: dict[str, Any] = {"model": label, "floors": floors, "warmup_s": built.warmup_s, "rows": []}
+    result["parity_rel_l2"] = parity(built, hf, cfg)
+    for name, (new, prefix) in SCENARIOS.items():
+        row = measure(built.runner, hf, cfg, new, prefix, reps, floors)
+        result["rows"].append({"scenario": name, **row})
+    return result
+
+
+def measure(
+    runner: Any, hf: Any, cfg: ModelConfig, new: int, prefix: int, reps: int, floors: dict[str, float]
+) -> dict[str, Any]:
+    ids = torch.randint(2, cfg.vocab_size, (prefix + new,), device="cuda")
+    if prefix:
+        runner.prefill(ids[:prefix], 0, 0)
+
+    def step() -> torch.Tensor:
+        if new == 1 and prefix:
+            logits: torch.Tensor = runner.decode(int(ids[-1]), prefix, 0)
+        else:
+            logits = runner.prefill(ids[prefix:], prefix, 0)
+        return logits
+
+    n = reps if new <= 512 else max(3, reps // 4)
+    before = runner.counts["graph_replays"]
+    ours = _events(lambda: step().argmax(-1), n)
+    replays = (runner.counts["graph_replays"] - before) / (n + 1)
+    t = time.perf_counter()
+    for _ in range(5):
+        int(step().argmax(-1).item())  # host view: launch + replay + sampling + sync
+    host = (time.perf_counter() - t) / 5 * 1e3
+    theirs = hf_time(hf, ids, new, prefix, reps) if hf is not None else None
+    floor, bound = floor_ms(cfg, new, prefix, floors)
+    return {
+        "ours_ms": ours,
+        "ours_host_ms": host,
+        "transformers_ms": theirs,
+        "floor_ms": floor,
+        "bound": bound,
+        "graph_replays_per_step": replays,
+    }
+
+
+def hf_time(hf: Any, ids: torch.Tensor, new: int, prefix: int, reps: int) -> float:
+    from transformers import DynamicCache
+
+    with torch.no_grad():
+        if not prefix:
+            return _events(lambda: hf(ids[None], logits_to_keep=1), max(3, reps // 4))
+        cache = DynamicCache()
+        hf(ids[None, :prefix], past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+        def step() -> None:
+            hf(ids[None, prefix:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache.crop(prefix)
+
+        return _events(step, reps)
+
+
+def print_table(r: dict[str, Any]) -> None:
+    f = r["floors"]
+    print(
+        f"\n## {r['model']}  (bf16; measured floors: GEMM {f['gemm_tflops']:.0f} TFLOP/s, "
+        f"copy {f['copy_tbps']:.2f} TB/s)"
+    )
+    print(
+        "| scenario | ours ms (GPU) | ours ms (host, incl. sync) | transformers ms | floor ms | ours/floor | "
+        "transformers/ours | graph replays/step |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for row in r["rows"]:
+        hf, ours = row["transformers_ms"], row["ours_ms"]
+        hf_text = f"{hf:.3f}" if hf else "n/a"
+        speedup = f"{hf / ours:.1f}x" if hf else "n/a"
+        print(
+            f"| {row['scenario']} | {ours:.3f} | {row['ours_host_ms']:.3f} | {hf_text} | "
+            f"{row['floor_ms']:.3f} ({row['bound']}) | {ours / row['floor_ms']:.2f} | {speedup} | "
+            f"{row['graph_replays_per_step']:.0f} |"
+        )
+    starts = ", ".join(
+        f"{k}: {v:.1f} s" if v is not None else f"{k}: failed" for k, v in r.get("startup", {}).items()
+    )
+    print(f"warm-up in this process: {r['warmup_s']:.1f} s; {starts}")
+    print(
+        "logits rel. L2 error (512-token prompt): "
+        + ", ".join(f"{k} {v:.2e}" for k, v in r["parity_rel_l2"].items())
+    )

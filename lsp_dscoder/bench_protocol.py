@@ -1,0 +1,191 @@
+"""`lsp-dscoder bench --protocol`: a typing session through a real `lsp-dscoder --stdio` process.
+
+Per document size (generated Python of ~1K/8K/64K tokens): open it, ask once (the cold prompt, not
+counted), time bare `dscoder/stats` round trips, then type keystrokes. A keystroke is one write of
+`didChange` + `$/cancelRequest` of the previous request (if still unanswered) + `inlineCompletion`; the
+next one starts once this one is answered (first partial or response) and `--interval-ms` has passed
+since it was written. Two keystrokes in every four type the first character of the suggestion shown,
+when one is shown: the server answers those from memory. Client times are request written → first
+`dscoder/partialCompletion` or response read; the server's own times come from its request log line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lsp_dscoder.bench_client import Call, RpcClient
+from lsp_dscoder.bench_docs import SCRIPT, Document, generate, write_random_checkpoint
+from lsp_dscoder.bench_report import print_report, summarize
+
+INLINE = "textDocument/inlineCompletion"
+SIZES = {"1k": 1024, "8k": 8192, "64k": 65536}
+TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    sizes: tuple[str, ...]
+    keystrokes: int
+    interval_s: float
+    round_trips: int
+    timeout_s: float = TIMEOUT_S
+
+
+@dataclass
+class Key:
+    call: Call
+    typed: str
+    through: bool  # typed the first character of the suggestion shown
+    cancel: bool  # a $/cancelRequest of the previous request went with it
+
+
+def add_protocol_arguments(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--sizes", default="1k,8k,64k", help="document sizes in tokens: comma list of 1k, 8k, 64k")
+    g.add_argument("--keystrokes", type=int, default=40, help="keystrokes per document")
+    g.add_argument(
+        "--interval-ms", type=float, default=100.0, help="least time from one keystroke to the next"
+    )
+    g.add_argument("--round-trips", type=int, default=20, help="bare dscoder/stats round trips per document")
+    g.add_argument("--device", help="server --device (default: cpu; with --shapes: auto)")
+    g.add_argument("--dtype", help="server --dtype (default: the server's)")
+    g.add_argument("--settings", default="{}", help="initializationOptions as JSON")
+
+
+def _position(text: str, offset: int) -> dict[str, int]:
+    """LSP position of `offset` in an ASCII document (UTF-16 columns are characters there)."""
+    line = text.count("\n", 0, offset)
+    return {"line": line, "character": offset - (text.rfind("\n", 0, offset) + 1)}
+
+
+def _inline(uri: str, text: str, cursor: int) -> dict[str, Any]:
+    # triggerKind 2: automatic, as editors ask while the user types
+    return {"textDocument": {"uri": uri}, "position": _position(text, cursor), "context": {"triggerKind": 2}}
+
+
+async def wait_ready(client: RpcClient, timeout: float) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        stats = await client.call("dscoder/stats", None)
+        if stats["engineState"] == "ready":
+            return dict(stats)
+        if stats["engineState"] == "failed" or loop.time() > deadline:
+            raise RuntimeError(f"engine not ready ({stats['engineState']}): {stats.get('engineError')}")
+        await asyncio.sleep(0.2)
+
+
+async def type_document(client: RpcClient, uri: str, doc: Document, plan: Plan) -> dict[str, Any]:
+    text, cursor, version = doc.text, doc.cursor, 1
+    item = {"uri": uri, "languageId": "python", "version": version, "text": text}
+    await client.notify("textDocument/didOpen", {"textDocument": item})
+    cold = await client.request(INLINE, _inline(uri, text, cursor), version=version)
+    await client.wait(cold, plan.timeout_s)
+    trips = []
+    for _ in range(plan.round_trips):
+        c = await client.request("dscoder/stats", None)
+        await client.wait(c, plan.timeout_s)
+        trips.append(c)
+    keys: list[Key] = []
+    previous, script = cold, 0
+    for k in range(plan.keystrokes):
+        shown = previous.shown
+        through = bool(shown) and shown[0] not in "\r\n" and k % 4 in (2, 3)
+        ch = shown[0] if through else SCRIPT[script % len(SCRIPT)]
+        script += not through
+        at = _position(text, cursor)
+        text, cursor, version = text[:cursor] + ch + text[cursor:], cursor + 1, version + 1
+        change = {
+            "textDocument": {"uri": uri, "version": version},
+            "contentChanges": [{"range": {"start": at, "end": at}, "text": ch}],
+        }
+        before = [{"method": "textDocument/didChange", "params": change}]
+        if not previous.done.is_set():
+            before.append({"method": "$/cancelRequest", "params": {"id": previous.id}})
+        c = await client.request(INLINE, _inline(uri, text, cursor), *before, version=version)
+        keys.append(Key(c, ch, through, len(before) == 2))
+        await client.wait(c, plan.timeout_s, first=True)
+        await asyncio.sleep(max(0.0, c.written + plan.interval_s - time.monotonic()))
+        previous = c
+    for key in keys:
+        await client.wait(key.call, plan.timeout_s)
+    await _records(client, [cold, *(key.call for key in keys)], plan.timeout_s)
+    await client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
+    return summarize(doc, cold, trips, keys, client)
+
+
+async def _records(client: RpcClient, calls: list[Call], timeout: float) -> None:
+    """Until the server has logged every request (an engine request logs when its generation ends)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while any(c.id not in client.records for c in calls) and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+
+
+async def bench_server(argv: list[str], folder: Path, plan: Plan, settings: dict[str, Any]) -> dict[str, Any]:
+    """One server process: every document size in `plan`, in order."""
+    client = await RpcClient.start(argv)
+    try:
+        caps = {"general": {"positionEncodings": ["utf-16"]}, "textDocument": {"inlineCompletion": {}}}
+        init = {"processId": None, "rootUri": None, "capabilities": caps, "initializationOptions": settings}
+        await client.call("initialize", init, plan.timeout_s)
+        await client.notify("initialized", {})
+        stats = await wait_ready(client, plan.timeout_s)
+        docs = []
+        for size in plan.sizes:
+            doc = generate(folder / "tokenizer.json", SIZES[size])
+            uri = f"file:///bench/generated_{size}.py"
+            docs.append({"size": size, **await type_document(client, uri, doc, plan)})
+        return {"server": argv, "settings": stats.get("settings"), "documents": docs}
+    finally:
+        code = await client.close()
+        if code:
+            print("\n".join(client.stderr_tail), file=sys.stderr)
+
+
+def server_argv(folder: Path, device: str | None, dtype: str | None) -> list[str]:
+    argv = [sys.executable, "-m", "lsp_dscoder", "--stdio", "--model", str(folder), "--log-level", "info"]
+    argv += ["--device", device] if device else []
+    return argv + (["--dtype", dtype] if dtype else [])
+
+
+def run_protocol(args: argparse.Namespace) -> int:
+    from lsp_dscoder.bench import hf_config
+    from lsp_dscoder.bundled import default_model_path
+
+    sizes = tuple(s.strip().lower() for s in args.sizes.split(","))
+    bad = [s for s in sizes if s not in SIZES]
+    if bad or args.keystrokes < 1:
+        print(f"lsp-dscoder: error: --sizes takes {', '.join(SIZES)}; --keystrokes >= 1", file=sys.stderr)
+        return 2
+    plan = Plan(sizes, args.keystrokes, args.interval_ms / 1000.0, args.round_trips)
+    settings = json.loads(args.settings)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.shapes:
+            models = []
+            for shape in args.shapes.split(","):
+                folder = write_random_checkpoint(Path(tmp) / shape, hf_config(shape), default_model_path())
+                models.append(
+                    (f"DeepSeek-Coder {shape} shape, random weights", folder, args.device or "auto")
+                )
+        else:
+            folder = Path(args.model) if args.model else default_model_path()
+            models = [(str(folder), folder, args.device or "cpu")]
+        for label, folder, device in models:
+            argv = server_argv(folder, device, args.dtype)
+            result = asyncio.run(bench_server(argv, folder, plan, settings))
+            results.append({"model": label, "device": device, "dtype": args.dtype, **result})
+    report = {"plan": plan.__dict__, "results": results}
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print_report(report)
+    return 0

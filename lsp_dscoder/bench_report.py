@@ -1,0 +1,109 @@
+"""What `lsp-dscoder bench --protocol` reports: per document, the counts that prove the session ran as
+intended (every keystroke answered, nothing stale) and p50/p90 of each latency, client and server side."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from lsp_dscoder.stats import percentiles
+
+if TYPE_CHECKING:
+    from lsp_dscoder.bench_client import Call, RpcClient
+    from lsp_dscoder.bench_docs import Document
+    from lsp_dscoder.bench_protocol import Key
+
+REQUEST_CANCELLED = -32800
+# The server's count of decode steps between the first sampled token and the first partial, under the
+# names its log line may give it.
+STEPS_KEYS = ("stepsBeforePartial", "decodeStepsBeforePartial", "stepsToFirstPartial", "invisibleSteps")
+ROWS = (
+    ("round_trip_ms", "bare round trip (dscoder/stats)"),
+    ("client_engine_ms", "client: first partial, engine keystrokes"),
+    ("server_first_partial_ms", "server: firstPartialMs, engine keystrokes"),
+    ("engine_ttft_ms", "engine TTFT, engine keystrokes"),
+    ("client_minus_server_ms", "client - server firstPartial (pipes, framing)"),
+    ("steps_before_partial", "decode steps before the first partial"),
+    ("prefilled_tokens", "tokens prefilled per engine keystroke"),
+    ("client_memory_ms", "client: typed through (from memory)"),
+)
+
+
+def _ms(seconds: float) -> float:
+    return seconds * 1000.0
+
+
+def _dist(values: Iterable[float | int | None]) -> dict[str, Any]:
+    kept = [float(v) for v in values if v is not None]
+    p = percentiles(deque(kept))
+    return {"p50": p["p50"], "p90": p["p90"], "n": len(kept)}
+
+
+def _stale(call: Call) -> int:
+    """Partials of `call` for a document version other than the one it was sent for."""
+    return sum(1 for _, params in call.partials if params.get("version") != call.version)
+
+
+def summarize(
+    doc: Document, cold: Call, trips: list[Call], keys: list[Key], client: RpcClient
+) -> dict[str, Any]:
+    records = [client.records.get(k.call.id, {}) for k in keys]
+    source = [r.get("source", "missing") for r in records]
+    engine = [(k, r) for k, r, s in zip(keys, records, source, strict=True) if s == "engine"]
+    memory = [k for k, s in zip(keys, source, strict=True) if s == "memory"]
+    responses = [k.call.response for k in keys if k.call.response is not None]
+    steps_key = next((key for key in STEPS_KEYS if any(key in r for _, r in engine)), None)
+    client_ms = {k.call.id: _ms(k.call.first_read - k.call.written) for k in keys if k.call.first_read}
+    return {
+        "tokens": doc.tokens,
+        "chars": len(doc.text),
+        "keystrokes": len(keys),
+        "answered": len(responses),
+        "cancels_sent": sum(k.cancel for k in keys),
+        "cancelled": sum(1 for r in responses if r.get("error", {}).get("code") == REQUEST_CANCELLED),
+        "errors": sum(1 for r in responses if "error" in r and r["error"].get("code") != REQUEST_CANCELLED),
+        "suggestions": sum(1 for r in responses if (r.get("result") or {}).get("items")),
+        "stale": sum(_stale(k.call) for k in keys) + len(client.unknown),
+        "typed_through": sum(k.through for k in keys),
+        "sources": {s: source.count(s) for s in ("engine", "memory", "none", "missing")},
+        "cold_ms": _ms((cold.first_read or cold.written) - cold.written),
+        "cold_record": client.records.get(cold.id),
+        "steps_key": steps_key,
+        "round_trip_ms": _dist(_ms(c.response_read - c.written) for c in trips if c.response_read),
+        "client_engine_ms": _dist(client_ms.get(k.call.id) for k, _ in engine),
+        "server_first_partial_ms": _dist(r.get("firstPartialMs") for _, r in engine),
+        "engine_ttft_ms": _dist(r.get("engineTtftMs") for _, r in engine),
+        "client_minus_server_ms": _dist(
+            client_ms[k.call.id] - r["firstPartialMs"]
+            for k, r in engine
+            if k.call.id in client_ms and r.get("firstPartialMs") is not None
+        ),
+        "steps_before_partial": _dist(r.get(steps_key) for _, r in engine) if steps_key else _dist(()),
+        "prefilled_tokens": _dist(r.get("prefilledTokens") for _, r in engine),
+        "client_memory_ms": _dist(client_ms.get(k.call.id) for k in memory),
+    }
+
+
+def _cell(d: dict[str, Any]) -> str:
+    if not d["n"]:
+        return "n/a"
+    return f"{d['p50']:.2f} / {d['p90']:.2f} (n={d['n']})"
+
+
+def print_report(report: dict[str, Any]) -> None:
+    for r in report["results"]:
+        docs = r["documents"]
+        print(f"\n## {r['model']} ({r['device']}, {r['dtype'] or 'server default dtype'})")
+        print("| p50 / p90 ms | " + " | ".join(f"{d['size']} ({d['tokens']} tokens)" for d in docs) + " |")
+        print("|---|" + "---|" * len(docs))
+        for key, name in ROWS:
+            print(f"| {name} | " + " | ".join(_cell(d[key]) for d in docs) + " |")
+        print("| cold prompt (first request), ms | " + " | ".join(f"{d['cold_ms']:.1f}" for d in docs) + " |")
+        for d in docs:
+            src = ", ".join(f"{k} {v}" for k, v in d["sources"].items() if v)
+            print(
+                f"{d['size']}: {d['keystrokes']} keystrokes, {d['answered']} answered "
+                f"({d['suggestions']} with a suggestion, {d['cancelled']} cancelled, {d['errors']} errors), "
+                f"{d['stale']} stale; {d['typed_through']} typed through; sources: {src}"
+            )

@@ -1,0 +1,67 @@
+"""`lsp-dscoder bench --protocol`: its report's structure and counts on the tiny checkpoint (never its
+timings), the server log lines its client reads, and the documents it types into."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lsp_dscoder.bench_client import parse_record
+from lsp_dscoder.bench_docs import SCRIPT, generate
+from lsp_dscoder.stats import Outcome, Source, Stats
+
+KEYSTROKES = 8
+ROUND_TRIPS = 3
+
+
+@pytest.mark.slow
+def test_protocol_bench_answers_every_keystroke(tiny_model: Path) -> None:
+    argv = [sys.executable, "-m", "lsp_dscoder", "bench", "--protocol", "--model", str(tiny_model)]
+    argv += ["--sizes", "1k", "--keystrokes", str(KEYSTROKES), "--interval-ms", "0"]
+    argv += ["--round-trips", str(ROUND_TRIPS), "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["plan"]["sizes"] == ["1k"] and report["plan"]["keystrokes"] == KEYSTROKES
+    (result,) = report["results"]
+    assert result["device"] == "cpu"
+    (doc,) = result["documents"]
+    assert doc["size"] == "1k" and doc["tokens"] >= 1024
+    assert doc["keystrokes"] == doc["answered"] == KEYSTROKES
+    assert doc["stale"] == 0 and doc["errors"] == 0
+    sources = doc["sources"]
+    assert sources["missing"] == 0 and sum(sources.values()) == KEYSTROKES
+    assert doc["cold_record"]["source"] == "engine" and doc["cold_record"]["v"] == 1
+    assert doc["round_trip_ms"]["n"] == ROUND_TRIPS
+    assert doc["client_engine_ms"]["n"] == sources["engine"]
+    assert doc["client_memory_ms"]["n"] == sources["memory"]
+    assert doc["engine_ttft_ms"]["n"] <= sources["engine"]
+    assert 0 <= doc["cancels_sent"] < KEYSTROKES  # the first keystroke's previous request was answered
+
+
+def test_client_reads_the_servers_request_log_line() -> None:
+    clock = iter([10.0, 10.002, 10.004]).__next__
+    stats = Stats(clock=clock)
+    record = stats.begin(42, "file:///a.py", 7)
+    record.source = Source.MEMORY
+    record.partial_sent()
+    record.responded(Outcome.OK)
+    parsed = parse_record("2026-11-30 12:00:00,000 INFO lsp_dscoder.requests: " + record.log_line())
+    assert parsed is not None
+    assert parsed["id"] == 42 and parsed["uri"] == "file:///a.py" and parsed["v"] == 7
+    assert parsed["source"] == "memory" and parsed["outcome"] == "ok"
+    assert parsed["firstPartialMs"] == pytest.approx(2.0) and parsed["responseMs"] == pytest.approx(4.0)
+    assert parse_record("INFO lsp_dscoder.protocol: load: ready 1/1") is None
+
+
+def test_generated_document_size_and_cursor(tiny_model: Path) -> None:
+    doc = generate(tiny_model / "tokenizer.json", 1024)
+    assert 1024 <= doc.tokens < 1024 + 400  # whole blocks: the last one overshoots by less than a block
+    assert doc.text[: doc.cursor].endswith("\n    total = 0") and doc.text[doc.cursor] == "\n"
+    assert 0.6 * len(doc.text) <= doc.cursor
+    assert generate(tiny_model / "tokenizer.json", 1024) == doc  # seeded: the same text every run
+    assert SCRIPT.startswith("\n")
