@@ -37,6 +37,7 @@ from lsp_dscoder.kernels.skinny_gemm import MAX_M, SkinnyWorkspace, skinny_gemm
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 GEMM_CHOICES = ("auto", "cublas", "skinny")
+Graph = tuple[torch.cuda.CUDAGraph, torch.Tensor]  # a captured step and its logits buffer
 Progress = Callable[[str, int, int], None]
 
 
@@ -70,7 +71,7 @@ class FastRunner:
         self.ids = torch.zeros(n, dtype=torch.long, device=dev)
         self.start = torch.zeros(1, dtype=torch.int32, device=dev)
         self.last = torch.zeros(1, dtype=torch.long, device=dev)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], Graph] = {}
         self.counts = {"graph_replays": 0, "eager_forwards": 0}
         self.gemm = gemm
         self.skinny = gemm != "cublas"  # read by `linear` while a forward is traced or run
@@ -154,46 +155,52 @@ class FastRunner:
                     self.forward(self.ids[:b], self.start, self.last, 0)
         torch.cuda.current_stream().wait_stream(side)
         pool = torch.cuda.graph_pool_handle()
+        # Graphs that lost a timing stay alive until every capture into the shared pool is done: freeing
+        # the only graphs of a pool releases it, and a later capture into it fails.
+        losers: list[Graph] = []
         for i, (slot, b) in enumerate(todo):
-            if b not in self.chosen:
-                self.chosen[b] = self._time_choices(b, slot, pool)
-            self.skinny = self.chosen[b] == "skinny"
-            self.graphs[(slot, b)] = self._capture_one(b, slot, pool)
+            if b in self.chosen:
+                self.skinny = self.chosen[b] == "skinny"
+                self.graphs[(slot, b)] = self._capture_one(b, slot, pool)
+            else:
+                self.chosen[b], self.graphs[(slot, b)] = self._time_choices(b, slot, pool, losers)
             if progress:
                 progress("capturing CUDA graphs", i + 1, len(todo))
         self.skinny = self.gemm != "cublas"
         torch.cuda.synchronize()
+        losers.clear()
 
     def _choices(self, bucket: int) -> tuple[str, ...]:
         if bucket > MAX_M or self.gemm == "cublas":
             return ("cublas",)
         return ("cublas", "skinny") if self.gemm == "auto" else ("skinny",)
 
-    def _capture_one(self, bucket: int, slot: int, pool: object) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture_one(self, bucket: int, slot: int, pool: tuple[int, int]) -> Graph:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             logits = self.forward(self.ids[:bucket], self.start, self.last, slot)
         return graph, logits
 
-    def _time_choices(self, bucket: int, slot: int, pool: object) -> str:
-        """The GEMM choice whose graph replays fastest for this bucket (median of 9 timed replays)."""
-        choices = self._choices(bucket)
-        if len(choices) == 1:
-            return choices[0]
-        times = {}
-        self.last.fill_(bucket - 1)
-        for choice in choices:
+    def _time_choices(
+        self, bucket: int, slot: int, pool: tuple[int, int], losers: list[Graph]
+    ) -> tuple[str, Graph]:
+        """The GEMM choice whose graph replays fastest for this bucket (median of 9 timed replays), and
+        that graph; the others go to `losers`."""
+        timed: dict[str, tuple[float, Graph]] = {}
+        self.last.fill_(bucket - 1)  # the timed replays run: `last` must index this bucket's rows
+        for choice in self._choices(bucket):
             self.skinny = choice == "skinny"
-            graph, _ = self._capture_one(bucket, slot, pool)
+            captured = self._capture_one(bucket, slot, pool)
             samples = []
-            for rep in range(12):
+            for rep in range(12 if len(self._choices(bucket)) > 1 else 0):
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 begin.record()
-                graph.replay()
+                captured[0].replay()
                 end.record()
                 end.synchronize()
                 if rep >= 3:  # the first replays upload the graph and warm the caches
                     samples.append(begin.elapsed_time(end))
-            times[choice] = sorted(samples)[len(samples) // 2]
-            del graph
-        return min(times, key=lambda c: times[c])
+            timed[choice] = (sorted(samples)[len(samples) // 2] if samples else 0.0, captured)
+        best = min(timed, key=lambda c: timed[c][0])
+        losers.extend(g for c, (_, g) in timed.items() if c != best)
+        return best, timed[best][1]

@@ -29,7 +29,6 @@ STEPS = {"decode @4K": 1, "keystroke +4 @4K": 4, "+16 @4K": 16}
 VARIANTS: dict[str, tuple[str, bool | None]] = {
     "before": ("cublas", False),
     "cuBLAS+PDL": ("cublas", True),
-    "skinny": ("skinny", False),
     "skinny+PDL": ("skinny", True),
     "auto": ("auto", None),
 }
