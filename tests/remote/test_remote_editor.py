@@ -1,0 +1,174 @@
+"""Editor sessions through `lsp-dscoder --backend remote` against llama.cpp's server: streamed partials
+equal to what llama.cpp generates for the same prompt, typing through from memory, the prompt cache hit
+on a keystroke, $/cancelRequest stopping llama.cpp, and the engine dying mid-stream or never listening."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from lsprotocol import types
+
+from lsp_dscoder.engine.tokenizer import Tokenizer
+from lsp_dscoder.postprocess import CursorContext, Shaper
+from lsp_dscoder.prompt import Budgets, PromptBuilder
+from tests.lsp.client import Editor, start
+from tests.remote.llama_server import LlamaServer, free_port
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
+REQUEST_CANCELLED = -32800
+BODY = "import os\n\n\ndef main(args):\n    \n    return 0\n"
+LINE, COLUMN = 4, 4
+LONG = "VALUES = [\n    \n"  # llama.cpp writes 400 tokens of dictionary entries here, none stopping it
+
+
+def remote_args(url: str) -> tuple[str, ...]:
+    return ("--backend", "remote", "--endpoint", url)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def editor(llama: LlamaServer, bundled: Path):
+    ed = await start(bundled, *remote_args(llama.url), init={"maxTokens": 400, "responseMode": "full"})
+    yield ed
+    await ed.client.shutdown_session()
+    await ed.client.stop()
+
+
+async def wait_for(predicate, timeout: float = 20.0) -> None:
+    async def poll() -> None:
+        while not await predicate():
+            await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+async def test_streamed_suggestion_is_what_llama_server_generates(
+    editor: Editor, llama: LlamaServer, bundled
+):
+    doc = editor.open("file:///work/remote_stream.py", BODY)
+    request = editor.inline(doc, LINE, COLUMN)
+    final = (await request.result()).items[0].insert_text
+    partials = editor.partials(request)
+    texts = [p["text"] for p in partials]
+    assert len(texts) >= 2 and all(b.startswith(a) for a, b in itertools.pairwise(texts))
+    assert partials[-1]["done"] and texts[-1] == final
+    assert editor.wire.index(("partial", partials[-1])) < editor.wire.index(("response", request.id))
+
+    # The same prompt, built as the server builds it, sent to llama.cpp directly (greedy): the shaped
+    # text is the suggestion, character for character.
+    tok = Tokenizer(bundled)
+    cursor = BODY.index("\n    return")
+    prompt = PromptBuilder(tok, Budgets().fit(1024, 400)).build(BODY, cursor, language_id="python")
+    ids = list(prompt.ids) + tok.encode(prompt.heal_text)
+    direct = llama.complete(ids, 400)["choices"][0]["text"]
+    shaper = Shaper(CursorContext.at(BODY, cursor))
+    shaper.feed(direct)  # after the healed text, which the prompt sent to llama.cpp ends with
+    assert shaper.finish() == final != ""
+    record = await editor.record(request)
+    assert (record["source"], record["outcome"], record["promptTokens"]) == ("engine", "ok", len(ids))
+
+
+async def test_typing_through_from_memory_then_the_prompt_cache_on_the_next_keystroke(editor: Editor):
+    doc = editor.open("file:///work/remote_through.py", BODY)
+    offset = BODY.index("\n    return")
+    suggestion = (await editor.inline(doc, LINE, COLUMN).result()).items[0].insert_text
+    assert len(suggestion) >= 3 and "\n" not in suggestion[:3]
+    engine_requests = (await editor.stats())["engine"]["requests"]
+    for i, ch in enumerate(suggestion[:3]):
+        editor.insert(doc, offset + i, ch, line=LINE, character=COLUMN + i)
+    through = editor.inline(doc, LINE, COLUMN + 3)
+    assert (await through.result()).items[0].insert_text == suggestion[3:]
+    record = await editor.record(through)
+    assert (record["source"], record["prefilledTokens"]) == ("memory", None)
+    assert (await editor.stats())["engine"]["requests"] == engine_requests  # nothing sent to llama.cpp
+
+    # A character the suggestion did not have: a new request, whose prompt only appends to the last
+    # one, so llama.cpp computes only the new tokens and reports the rest as cached.
+    editor.insert(doc, offset + 3, "\u00a7", line=LINE, character=COLUMN + 3)
+    record = await editor.record(editor.inline(doc, LINE, COLUMN + 4))
+    assert record["source"] == "engine"
+    assert record["reusedTokens"] + record["prefilledTokens"] == record["promptTokens"]
+    assert 1 <= record["prefilledTokens"] <= 4 and record["reusedTokens"] >= 20
+
+
+async def test_cancel_request_closes_the_stream_and_llama_server_stops(editor: Editor, llama: LlamaServer):
+    doc = editor.open("file:///work/remote_cancel.py", LONG)
+    cancels = llama.log().count("cancel task")
+    request = editor.inline(doc, 1, 4)
+    await editor.first_partial(request)
+    editor.cancel(request)
+    assert (await request.error()).code == REQUEST_CANCELLED
+    record = await editor.record(request)
+    assert record["stopReason"] == "cancelled" and record["generatedTokens"] < 400
+
+    async def stopped() -> bool:
+        return llama.log().count("cancel task") > cancels
+
+    await wait_for(stopped)
+    released = int(re.findall(r"stop processing: n_tokens = (\d+)", llama.log())[-1])
+    assert released < record["promptTokens"] + 100  # llama.cpp stopped long before its 400 tokens
+    stats = (await editor.stats())["engine"]
+    assert (stats["backend"], stats["reachable"], stats["connectsOnRequestPath"]) == ("remote", True, 1)
+
+
+async def test_engine_killed_mid_stream(gguf: Path, bundled: Path, tmp_path: Path):
+    llama = LlamaServer(gguf, tmp_path / "llama.log").start()
+    revived = LlamaServer(gguf, tmp_path / "revived.log", port=llama.port)
+    ed = await start(bundled, *remote_args(llama.url), init={"maxTokens": 400, "responseMode": "full"})
+    try:
+        doc = ed.open("file:///work/remote_killed.py", LONG)
+        request = ed.inline(doc, 1, 4)
+        await ed.first_partial(request)
+        llama.kill()
+        result = await request.result()
+        shown = ed.partials(request)[-1]
+        assert shown["done"] and result.items[0].insert_text == shown["text"] != ""  # what was streamed
+        record = await ed.record(request)
+        assert record["stopReason"] == "error"
+        for column in (4, 5, 6):  # keystrokes while it is down: nothing, at once, and no more messages
+            ed.insert(doc, len("VALUES = [\n") + column, "\u00a7", line=1, character=column)
+            assert await ed.inline(doc, 1, column + 1).result() is None
+        stats = (await ed.stats())["engine"]
+        assert stats["reachable"] is False and stats["lastError"]
+        assert [m.type for m in ed.client.messages] == [types.MessageType.Warning]
+        assert "the completion endpoint failed" in ed.client.messages[0].message
+
+        revived.start()  # back on the same port
+
+        async def answered() -> bool:
+            result = await ed.inline(doc, 1, 7).result()
+            return result is not None and result.items[0].insert_text != ""
+
+        await wait_for(answered, timeout=40)
+        assert (await ed.stats())["engine"]["reachable"] is True
+        assert ed.client.messages[-1].type == types.MessageType.Info
+        assert "working again" in ed.client.messages[-1].message and len(ed.client.messages) == 2
+    finally:
+        await ed.client.shutdown_session()
+        await ed.client.stop()
+        llama.kill()
+        revived.kill()
+
+
+async def test_nothing_listening(bundled: Path):
+    url = f"http://127.0.0.1:{free_port()}"
+    ed = await start(bundled, *remote_args(url))
+    try:
+        doc = ed.open("file:///work/remote_down.py", BODY)
+        for _ in range(3):
+            assert await ed.inline(doc, LINE, COLUMN).result() is None
+        stats = (await ed.stats())["engine"]
+        assert (stats["reachable"], stats["lastError"]) == (False, f"nothing is listening at {url}")
+        assert [(m.type, m.message) for m in ed.client.messages] == [
+            (
+                types.MessageType.Warning,
+                f"dscoder: the completion endpoint failed: nothing is listening at {url}",
+            )
+        ]
+    finally:
+        await ed.client.shutdown_session()
+        await ed.client.stop()
