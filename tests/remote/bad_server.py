@@ -32,6 +32,7 @@ class BadServer:
     def __init__(self, pieces: list[tuple[int, str]] | None = None) -> None:
         self.mode = "ok"
         self.pieces = pieces or [(100, "a"), (101, "b"), (102, "c")]  # (token id, text) per chunk
+        self.pieces_have_ids = True  # as llama.cpp's logprobs; False: text only, as SGLang's chunks
         self.record = Record()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -115,7 +116,7 @@ class BadServer:
                 await reader.read()  # waits for the client to give up
                 self.record.closed_by_client += 1
                 return False
-            logprobs = {"content": [{"id": token}]}
+            logprobs = {"content": [{"id": token}]} if self.pieces_have_ids else None
             choice = {"text": text, "index": 0, "finish_reason": None, "logprobs": logprobs}
             event = {"choices": [choice]}
             await _chunk(writer, b"data: " + json.dumps(event).encode() + b"\n\n")

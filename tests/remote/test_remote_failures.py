@@ -200,3 +200,18 @@ def test_cancel_cuts_the_stream_and_warms_a_new_connection(server: BadServer) ->
         _wait(lambda: server.record.closed_by_client == 1)  # the engine saw the client go at once
         _wait(lambda: backend.stats()["connectionsOpened"] == 2)  # a spare for the next keystroke
         assert backend.stats()["reachable"] is True and notes.messages == []
+
+
+def test_text_prompt_spells_the_fim_markers_and_leaves_bos_to_the_endpoint(server: BadServer) -> None:
+    with _backend(server.url, Notes(), token_ids=False) as backend:
+        tok = backend.tokenizer
+        ids = [tok.bos_id, tok.fim_begin_id, *tok.encode("x = 1\n"), tok.fim_hole_id, tok.fim_end_id]
+        server.pieces = [(0, "y"), (0, " = 2")]  # text only: no ids are asked for in text mode
+        server.pieces_have_ids = False
+        result = backend.complete(
+            CompletionRequest(prompt_ids=tuple(ids), params=SamplingParams(max_tokens=8))
+        )
+        body = server.record.requests[-1]
+        assert body["prompt"] == "<｜fim▁begin｜>x = 1\n<｜fim▁hole｜><｜fim▁end｜>"
+        assert "logprobs" not in body
+        assert (result.text, result.token_ids) == ("y = 2", ())
