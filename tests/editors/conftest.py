@@ -321,19 +321,18 @@ def nvim_exe() -> Path:
     return exe
 
 
-@pytest.fixture(scope="module")
-def editor(nvim_exe: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Editor]:
-    """One Neovim + one server per test module; each test edits its own new file."""
+def launch_editor(nvim_exe: Path, workdir: Path, setup: str, *args: Any, log_level: str = "OFF") -> Editor:
+    """A headless Neovim with the plugin, `setup` (Lua run with `args`) and the probe; Neovim's LSP log
+    at `log_level` in `workdir`/state/nvim/lsp.log."""
     pynvim = pytest.importorskip("pynvim")
-    workdir = tmp_path_factory.mktemp("nvim")
+    state = workdir / "state"
     argv = [str(nvim_exe), "--embed", "--headless", "--clean", "-n", "-i", "NONE"]
-    argv += ["--cmd", f"set rtp^={PLUGIN_DIR}"]
+    argv += ["--cmd", f"let $XDG_STATE_HOME = '{state}'", "--cmd", f"set rtp^={PLUGIN_DIR}"]
     nvim = pynvim.attach("child", argv=argv)
     ed = Editor(nvim, workdir)
     # Keys insert exactly what they say: no indent rules, no filetype settings.
-    ed.lua("vim.cmd('filetype plugin indent off'); vim.o.autoindent = false; vim.lsp.set_log_level('OFF')")
-    cmd = [sys.executable, "-m", "lsp_dscoder", "--stdio", "--model", str(tiny_model)]
-    ed.lua("require('lsp_dscoder').setup({ cmd = ..., root_markers = {} })", cmd)
+    ed.lua("vim.cmd('filetype plugin indent off'); vim.o.autoindent = false")
+    ed.lua("vim.lsp.set_log_level(...)", log_level)
     ed.lua("_G._probe = assert(loadstring(...))()", PROBE)
     ed.lua(
         """
@@ -346,8 +345,12 @@ def editor(nvim_exe: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
         end })
         """
     )
-    ed.open(["# warm-up"], 0, 0)
-    # Ready once the model's load progress has begun and ended (requests before that get nothing).
+    ed.lua(setup, *args)
+    return ed
+
+
+def wait_loaded(ed: Editor) -> None:
+    """Until the model's load progress has begun and ended (requests before that get nothing)."""
     ed.wait_for(
         lambda: ed.lua(
             """
@@ -358,11 +361,25 @@ def editor(nvim_exe: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
         ),
         "the server to load the model",
     )
+
+
+def close_editor(ed: Editor) -> None:
+    """A graceful shutdown (shutdown/exit), then quit without waiting for an answer."""
+    ed.lua("vim.lsp.stop_client(vim.lsp.get_clients({name = 'lsp_dscoder'}))")
+    ed.wait_for(lambda: not ed.lua("return #vim.lsp.get_clients()"), "the server to exit", timeout=10)
+    ed.nvim.command("qa!", async_=True)
+    ed.nvim.close()
+
+
+@pytest.fixture(scope="module")
+def editor(nvim_exe: Path, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Editor]:
+    """One Neovim + one server per test module; each test edits its own new file."""
+    cmd = [sys.executable, "-m", "lsp_dscoder", "--stdio", "--model", str(tiny_model)]
+    setup = "require('lsp_dscoder').setup({ cmd = ..., root_markers = {} })"
+    ed = launch_editor(nvim_exe, tmp_path_factory.mktemp("nvim"), setup, cmd)
+    ed.open(["# warm-up"], 0, 0)
+    wait_loaded(ed)
     try:
         yield ed
     finally:
-        # A graceful shutdown (shutdown/exit), then quit without waiting for an answer.
-        ed.lua("vim.lsp.stop_client(vim.lsp.get_clients({name = 'lsp_dscoder'}))")
-        ed.wait_for(lambda: not ed.lua("return #vim.lsp.get_clients()"), "the server to exit", timeout=10)
-        nvim.command("qa!", async_=True)
-        nvim.close()
+        close_editor(ed)

@@ -20,6 +20,36 @@ local M = {}
 --- @field native boolean
 --- @field keymaps lsp_dscoder.Keymaps
 
+--- What the bundled model (the server's default) was trained on: Python only.
+M.BUNDLED_MODEL_FILETYPES = { 'python' }
+
+--- Whether the server runs its bundled model: no `model` in init_options and no `--model` in cmd.
+--- @param cfg lsp_dscoder.Config
+--- @return boolean
+function M.uses_bundled_model(cfg)
+  local model = cfg.init_options.model
+  if model ~= nil and model ~= vim.NIL and model ~= '' then
+    return false
+  end
+  for _, arg in ipairs(cfg.cmd) do
+    if arg == '--model' or vim.startswith(arg, '--model=') then
+      return false
+    end
+  end
+  return true
+end
+
+--- The filetypes that get suggestions, nil for all: the `filetypes` option, where `"*"` means all;
+--- unset, the languages of the model: Python for the bundled model, all for a configured one.
+--- @param cfg lsp_dscoder.Config
+--- @return string[]?
+function M.filetypes(cfg)
+  if cfg.filetypes == nil then
+    return M.uses_bundled_model(cfg) and M.BUNDLED_MODEL_FILETYPES or nil
+  end
+  return not vim.tbl_contains(cfg.filetypes, '*') and cfg.filetypes or nil
+end
+
 --- @return lsp_dscoder.Config
 function M.defaults()
   return {

@@ -1,6 +1,7 @@
 --- Ghost text for Neovim 0.10/0.11: one extmark per buffer that shows a suggestion at the cursor,
 --- the first line inline (`virt_text_pos = "inline"`), the other lines as virtual lines below.
---- Display only: nothing here touches buffer text.
+--- The namespace is scoped to the window with the cursor, so that other windows on the same buffer do
+--- not show it. Display only: nothing here touches buffer text.
 
 local M = {}
 
@@ -12,7 +13,41 @@ function M.define_highlight()
   vim.api.nvim_set_hl(0, M.hl_group, { link = 'Comment', default = true })
 end
 
---- Show `text` as if it were inserted at (row, col) (0-based row, byte col).
+--- Draw this namespace in window `win` only (Neovim 0.10: nvim__win_add_ns; 0.11+: nvim__ns_set).
+local function scope_to(win)
+  if vim.api.nvim__ns_set then
+    vim.api.nvim__ns_set(M.namespace, { wins = { win } })
+  elseif vim.api.nvim__win_add_ns then
+    for _, other in ipairs(vim.api.nvim_list_wins()) do
+      vim.api.nvim__win_del_ns(other, M.namespace)
+    end
+    vim.api.nvim__win_add_ns(win, M.namespace)
+  end
+end
+
+--- Screen lines of the suggestion at `row` (its cursor line and ghost lines) below the bottom of the
+--- current window; 0 when all of it is visible.
+--- @param row integer
+--- @return integer
+function M.lines_below_window(row)
+  local info = vim.fn.getwininfo(vim.api.nvim_get_current_win())[1]
+  local height = vim.api.nvim_win_text_height(0, { start_row = info.topline - 1, end_row = row }).all
+  return math.max(0, height - info.height)
+end
+
+--- Scroll the current window down until the suggestion at `row` fits in it, or its cursor line is
+--- the window's first line.
+--- @param row integer
+function M.scroll_into_view(row)
+  local view = vim.fn.winsaveview()
+  local topline = view.topline
+  while topline <= row and M.lines_below_window(row) > 0 do
+    topline = topline + 1
+    vim.fn.winrestview({ topline = topline })
+  end
+end
+
+--- Show `text` as if it were inserted at (row, col) (0-based row, byte col), in the current window.
 --- @param bufnr integer
 --- @param row integer
 --- @param col integer
@@ -25,6 +60,7 @@ function M.show(bufnr, row, col, text)
     virt_lines[#virt_lines + 1] = lines[i] ~= '' and { { lines[i], M.hl_group } } or {}
   end
   vim.api.nvim_buf_clear_namespace(bufnr, M.namespace, 0, -1)
+  scope_to(vim.api.nvim_get_current_win())
   vim.api.nvim_buf_set_extmark(bufnr, M.namespace, row, col, {
     virt_text = { { lines[1], M.hl_group } },
     virt_text_pos = 'inline',

@@ -25,7 +25,15 @@ function M.check()
     local advice = { 'install the lsp-dscoder Python package', 'or set cmd' }
     health.error(('%s is not executable'):format(cfg.cmd[1]), advice)
   end
-  health.info('status: ' .. plugin.status())
+  local info = plugin.status_info()
+  if info.state == 'failed' then
+    health.error(('server: %s'):format(info.error), {
+      'check init_options.model (a checkpoint folder or a cached repo id) and cmd',
+      ':LspLog shows the server log',
+    })
+  else
+    health.info('status: ' .. plugin.status())
+  end
 end
 
 return M

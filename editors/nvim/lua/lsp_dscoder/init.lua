@@ -14,6 +14,9 @@ M.client_name = 'lsp_dscoder'
 
 local cfg = nil ---@type lsp_dscoder.Config?
 local augroup = nil ---@type integer?
+--- Buffers whose server failed to start with the current `cmd`: not tried again (FileType, BufEnter
+--- and `:e` would each report the same spawn error) until setup() is called again.
+local start_failed = {} ---@type table<integer, true>
 
 local function native()
   return require('lsp_dscoder.native')
@@ -33,7 +36,8 @@ local function wanted(bufnr)
   then
     return false
   end
-  if cfg.filetypes and not vim.tbl_contains(cfg.filetypes, vim.bo[bufnr].filetype) then
+  local filetypes = config.filetypes(cfg)
+  if filetypes and not vim.tbl_contains(filetypes, vim.bo[bufnr].filetype) then
     return false
   end
   return cfg.enabled(bufnr) and true or false
@@ -48,13 +52,13 @@ local function on_partial(err, params, ctx)
 end
 
 local function start(bufnr)
-  if not wanted(bufnr) or client_of(bufnr) then
+  if start_failed[bufnr] or not wanted(bufnr) or client_of(bufnr) then
     return
   end
   local capabilities = vim.lsp.protocol.make_client_capabilities()
   capabilities.textDocument.inlineCompletion = capabilities.textDocument.inlineCompletion
     or { dynamicRegistration = false }
-  vim.lsp.start({
+  local client_id = vim.lsp.start({
     name = M.client_name,
     cmd = cfg.cmd,
     root_dir = vim.fs.root(bufnr, cfg.root_markers) or vim.uv.cwd(),
@@ -71,6 +75,29 @@ local function start(bufnr)
       return client.name == conf.name
     end,
   })
+  if not client_id and not client_of(bufnr) then
+    -- Neovim has reported why (once); remember it for this buffer and for the statusline.
+    start_failed[bufnr] = true
+    local why = vim.fn.executable(cfg.cmd[1]) == 1 and 'could not start' or 'not executable:'
+    status.set_failure(('%s %s'):format(why, cfg.cmd[1]))
+  end
+end
+
+--- The model finished loading: ask for a suggestion at the cursor, which typing before it was ready
+--- did not get.
+local function on_ready(client)
+  local bufnr = vim.api.nvim_get_current_buf()
+  if not cfg.auto_trigger or not client.attached_buffers[bufnr] then
+    return
+  end
+  if vim.api.nvim_get_mode().mode:sub(1, 1) ~= 'i' then
+    return
+  end
+  if cfg.native then
+    vim.lsp.inline_completion.get({ bufnr = bufnr })
+  else
+    suggestion.request(bufnr, client, suggestion.TriggerKind.AUTOMATIC)
+  end
 end
 
 local function on_attach(bufnr)
@@ -147,6 +174,8 @@ function M.setup(opts)
     end
   end
   cfg = new
+  start_failed = {}
+  status.clear_failure()
   ghost.define_highlight()
   augroup = vim.api.nvim_create_augroup('lsp_dscoder', { clear = true })
   local function ours(ev)
@@ -179,7 +208,16 @@ function M.setup(opts)
     group = augroup,
     callback = function(ev)
       if ours(ev) then
-        status.on_progress(ev.data.params or ev.data.result)
+        local params = ev.data.params or ev.data.result
+        status.on_progress(params)
+        if status.is_ready_end(params) then
+          vim.schedule(function()
+            local client = vim.lsp.get_client_by_id(ev.data.client_id)
+            if client then
+              on_ready(client)
+            end
+          end)
+        end
       end
     end,
   })
@@ -284,7 +322,8 @@ function M.config()
   return cfg
 end
 
---- State for statuslines: `{state = "off"|"loading"|"idle"|"generating", ttft_ms?, progress?}`.
+--- State for statuslines: `{state = "off"|"loading"|"idle"|"generating"|"failed", ttft_ms?, progress?,
+--- error?}` (`error`: why the model did not load or the server did not start).
 --- @return lsp_dscoder.StatusInfo
 function M.status_info()
   local client = our_clients()[1]

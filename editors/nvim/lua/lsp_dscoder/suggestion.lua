@@ -15,6 +15,7 @@ M.TriggerKind = request.TriggerKind
 --- @field col integer
 --- @field before string the line's text left of col when shown
 --- @field text string what accepting inserts at (row, col)
+--- @field revealed boolean? scrolled into view by an accept key (accepted on the next one)
 
 --- @class lsp_dscoder.BufState
 --- @field shown lsp_dscoder.Shown?
@@ -166,6 +167,8 @@ end
 M.Part = { ALL = 'all', WORD = 'word', LINE = 'line' }
 
 --- Insert the shown suggestion, or its next word or line, at the cursor. What is left stays shown.
+--- A suggestion drawn partly below the window's last line is first scrolled into view instead: only
+--- what the user can see is accepted.
 --- @param bufnr integer
 --- @param client vim.lsp.Client
 --- @param part lsp_dscoder.Part
@@ -175,6 +178,11 @@ function M.accept(bufnr, client, part, auto)
   local shown = M.get(bufnr)
   if not shown then
     return false
+  end
+  if not shown.revealed and ghost.lines_below_window(shown.row) > 0 then
+    ghost.scroll_into_view(shown.row)
+    shown.revealed = true
+    return true
   end
   local text = part == M.Part.WORD and text_rules.next_word(shown.text)
     or part == M.Part.LINE and text_rules.next_line(shown.text)
