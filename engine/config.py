@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from lsp_dscoder.engine.awq import QUANT_CONFIG_FILE, AwqConfig
 from lsp_dscoder.engine.errors import CheckpointError, UnsupportedModelError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
@@ -31,6 +32,7 @@ class ModelConfig:
     tie_word_embeddings: bool
     bos_token_id: int | None
     eos_token_id: int | None
+    quantization: AwqConfig | None = None  # INT4 AWQ linear layers (engine/awq.py); None: dense
 
     @property
     def q_size(self) -> int:
@@ -87,6 +89,7 @@ class ModelConfig:
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 bos_token_id=_token_id(raw.get("bos_token_id"), "bos_token_id", source),
                 eos_token_id=_token_id(eos, "eos_token_id", source),
+                quantization=_quantization(raw, source),
             ).validated(source)
         except KeyError as e:
             raise CheckpointError(f"{source} lacks the required key {e.args[0]!r}") from None
@@ -99,6 +102,12 @@ class ModelConfig:
             raise CheckpointError(f"missing {path.name} in checkpoint folder {path.parent}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+        quant_file = path.parent / QUANT_CONFIG_FILE  # AutoAWQ's older layout keeps it apart
+        if isinstance(raw, dict) and "quantization_config" not in raw and quant_file.exists():
+            try:
+                raw = {**raw, "quantization_config": json.loads(quant_file.read_text(encoding="utf-8"))}
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise CheckpointError(f"{quant_file} is not valid JSON: {e}") from None
         return cls.from_dict(raw, source=str(path))
 
     def validated(self, source: str) -> ModelConfig:
@@ -146,6 +155,11 @@ def _token_id(value: Any, key: str, source: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ConfigValueError(f"{source}: {key}={json.dumps(value)} must be a token id (an integer >= 0)")
     return value
+
+
+def _quantization(raw: dict[str, Any], source: str) -> AwqConfig | None:
+    value = raw.get("quantization_config")
+    return None if value is None else AwqConfig.from_dict(value, source)
 
 
 def _rope(raw: dict[str, Any], source: str) -> tuple[float, float]:

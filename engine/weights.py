@@ -1,5 +1,9 @@
 """Weights from safetensors (single file or sharded through the index), checked against the config and
-fused at load: Q/K/V into one projection, gate/up into one."""
+fused at load: Q/K/V into one projection, gate/up into one.
+
+INT4 AWQ checkpoints (engine/awq.py) are dequantized at load for the reference path, or kept packed for
+the fast path's dequantizing kernels (`packed=True`): their QKV and gate/up are fused on the packed layout,
+and the dense matrices are then meta tensors (shapes only, no memory)."""
 
 from __future__ import annotations
 
@@ -12,12 +16,23 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
+from lsp_dscoder.engine.awq import AwqConfig, AwqLinear, read_awq_linear
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.errors import CheckpointError
 
 Progress = Callable[[str, int, int], None]
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+
+
+@dataclass
+class QuantLayer:
+    """A layer's packed INT4 matrices, fused as the dense ones are."""
+
+    wqkv: AwqLinear  # out H*D + 2*KVH*D, in C
+    wo: AwqLinear  # out C, in H*D
+    w_gate_up: AwqLinear  # out 2*I, in C
+    w_down: AwqLinear  # out C, in I
 
 
 @dataclass
@@ -28,6 +43,7 @@ class LayerWeights:
     post_norm: torch.Tensor  # (C,)
     w_gate_up: torch.Tensor  # (2*I, C)
     w_down: torch.Tensor  # (C, I)
+    quant: QuantLayer | None = None  # packed AWQ (fast path); the four matrices above are then meta
 
 
 @dataclass
@@ -82,8 +98,15 @@ def shard_map(folder: Path) -> dict[str, Path]:
 
 
 def load_weights(
-    folder: Path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype, progress: Progress | None = None
+    folder: Path,
+    cfg: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    progress: Progress | None = None,
+    packed: bool = False,
 ) -> Weights:
+    """The checkpoint's weights on `device`. `packed` keeps AWQ layers packed (for FastRunner); without it,
+    or for a dense checkpoint, every matrix is dense in `dtype`."""
     mapping = shard_map(folder)
     with ExitStack() as stack:
         handles: dict[Path, object] = {}
@@ -110,7 +133,7 @@ def load_weights(
             except (SafetensorError, OSError, RuntimeError) as e:
                 raise CheckpointError(f"cannot read {name} from {mapping[name].name}: {e}") from None
 
-        return weights_from_tensors(get, cfg, device, dtype, progress)
+        return weights_from_tensors(get, cfg, device, dtype, progress, packed)
 
 
 def weights_from_tensors(
@@ -119,6 +142,7 @@ def weights_from_tensors(
     device: torch.device,
     dtype: torch.dtype,
     progress: Progress | None = None,
+    packed: bool = False,
 ) -> Weights:
     """Build fused `Weights` from a name -> tensor getter (a checkpoint, or a state_dict in tests)."""
     shapes = expected_shapes(cfg)
@@ -143,16 +167,21 @@ def weights_from_tensors(
     layers = []
     for n in range(cfg.num_layers):
         p = f"model.layers.{n}."
-        layers.append(
-            LayerWeights(
-                input_norm=take(p + "input_layernorm.weight"),
-                wqkv=torch.cat([take(p + f"self_attn.{x}_proj.weight") for x in "qkv"]).contiguous(),
-                wo=take(p + "self_attn.o_proj.weight"),
-                post_norm=take(p + "post_attention_layernorm.weight"),
-                w_gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
-                w_down=take(p + "mlp.down_proj.weight"),
+        norms = take(p + "input_layernorm.weight"), take(p + "post_attention_layernorm.weight")
+        if cfg.quantization is None:
+            layers.append(
+                LayerWeights(
+                    input_norm=norms[0],
+                    wqkv=torch.cat([take(p + f"self_attn.{x}_proj.weight") for x in "qkv"]).contiguous(),
+                    wo=take(p + "self_attn.o_proj.weight"),
+                    post_norm=norms[1],
+                    w_gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
+                    w_down=take(p + "mlp.down_proj.weight"),
+                )
             )
-        )
+        else:
+            quant = read_quant_layer(get, p, cfg, cfg.quantization, device)
+            layers.append(quant_layer_weights(quant, norms, dtype, packed))
         step()
     lm_head = embed if cfg.tie_word_embeddings else take("lm_head.weight")
     weights = Weights(embed=embed, layers=layers, norm=take("model.norm.weight"), lm_head=lm_head)
@@ -160,15 +189,77 @@ def weights_from_tensors(
     return weights
 
 
+def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(out, in) of each linear layer of a transformer layer, by its checkpoint name."""
+    c, i = cfg.hidden_size, cfg.intermediate_size
+    return {
+        "self_attn.q_proj": (cfg.q_size, c),
+        "self_attn.k_proj": (cfg.kv_size, c),
+        "self_attn.v_proj": (cfg.kv_size, c),
+        "self_attn.o_proj": (c, cfg.q_size),
+        "mlp.gate_proj": (i, c),
+        "mlp.up_proj": (i, c),
+        "mlp.down_proj": (c, i),
+    }
+
+
+def read_quant_layer(
+    get: Callable[[str], torch.Tensor], prefix: str, cfg: ModelConfig, qcfg: AwqConfig, device: torch.device
+) -> QuantLayer:
+    """One layer's packed matrices, shapes checked, fused along the output on the packed layout."""
+    lin = {
+        name: read_awq_linear(get, prefix + name, out, inp, qcfg).to(device)
+        for name, (out, inp) in linear_shapes(cfg).items()
+    }
+    return QuantLayer(
+        wqkv=AwqLinear.cat([lin[f"self_attn.{x}_proj"] for x in "qkv"]),
+        wo=lin["self_attn.o_proj"],
+        w_gate_up=AwqLinear.cat([lin["mlp.gate_proj"], lin["mlp.up_proj"]]),
+        w_down=lin["mlp.down_proj"],
+    )
+
+
+def quant_layer_weights(
+    quant: QuantLayer, norms: tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype, packed: bool
+) -> LayerWeights:
+    """LayerWeights of a packed layer: dequantized (reference path), or packed with meta stand-ins."""
+
+    def dense(lin: AwqLinear) -> torch.Tensor:
+        if packed:
+            return torch.empty((lin.out_features, lin.in_features), dtype=dtype, device="meta")
+        return lin.dequantized(dtype)
+
+    return LayerWeights(
+        input_norm=norms[0],
+        wqkv=dense(quant.wqkv),
+        wo=dense(quant.wo),
+        post_norm=norms[1],
+        w_gate_up=dense(quant.w_gate_up),
+        w_down=dense(quant.w_down),
+        quant=quant if packed else None,
+    )
+
+
 def random_weights(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> Weights:
-    """Random tensors with the config's exact shapes (benchmarks at real model sizes without a download)."""
+    """Random tensors with the config's exact shapes (benchmarks at real model sizes without a download).
+    An AWQ config gets random packed layers (kept packed), with weights of about the same spread."""
     gen = torch.Generator(device=device).manual_seed(seed)
     shapes = expected_shapes(cfg)
 
     def get(name: str) -> torch.Tensor:
         if name.endswith("norm.weight"):
             return torch.ones(shapes[name], device=device, dtype=dtype)
+        if name.endswith(("qweight", "qzeros")):  # random bits: every nibble uniform in 0..15
+            out, inp = linear_shapes(cfg)[name.split(".", 3)[3].rsplit(".", 1)[0]]
+            rows = inp if name.endswith("qweight") else inp // group
+            return torch.randint(
+                -(2**31), 2**31 - 1, (rows, out // 8), device=device, generator=gen, dtype=torch.int32
+            )
+        if name.endswith("scales"):  # (q - z) spans about +-8: 0.02 / 4.6 gives a spread near 0.02
+            out, inp = linear_shapes(cfg)[name.split(".", 3)[3].rsplit(".", 1)[0]]
+            return torch.full((inp // group, out), 0.02 / 4.6, dtype=torch.float16, device=device)
         t = torch.empty(shapes[name], device=device, dtype=dtype)
         return t.normal_(0.0, 0.02, generator=gen)
 
-    return weights_from_tensors(get, cfg, device, dtype)
+    group = cfg.quantization.group_size if cfg.quantization else 1
+    return weights_from_tensors(get, cfg, device, dtype, packed=True)
