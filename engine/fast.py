@@ -5,10 +5,11 @@ extend attention (decode attention for one token), one O GEMM, residual-add + RM
 SwiGLU, one down GEMM; then the LM head on the last valid position only.
 
 Steps of at most 16 tokens (keystrokes, decode, small prefills) may run their layer GEMMs on the skinny
-GEMM (kernels/skinny_gemm.py) instead of cuBLAS; which one wins depends on the shapes and the GPU, so
-`capture` times both graphs per bucket and keeps the faster ("auto"). On Hopper every Triton kernel is
-launched as a programmatic dependent of the one before (kernels/pdl.py): the launch gap overlaps the previous
-kernel, and the skinny GEMM prefetches its weights into L2 while it waits.
+GEMM (kernels/skinny_gemm.py) instead of cuBLAS; which one wins depends on the shape, the bucket and the
+GPU (within a few percent either way on the H200, docs/kernels.md), so `capture` times both graphs per
+bucket and keeps the faster ("auto"). `pdl=True` launches every Triton kernel as a programmatic dependent
+of the one before (kernels/pdl.py); it is off by default because on the H200 it bought nothing measurable
+(docs/kernels.md).
 
 Small steps (a keystroke, a decode step) are captured as CUDA graphs per (slot, bucket): the step's
 tokens are padded to the bucket, the start position and the index of the last real token live in device
@@ -24,9 +25,11 @@ from collections.abc import Callable
 
 import torch
 
+from lsp_dscoder.engine.awq import AwqLinear
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
+from lsp_dscoder.kernels.awq_gemm import MAX_SPLIT, awq_gemm, awq_skinny
 from lsp_dscoder.kernels.decode_attention import decode_attention
 from lsp_dscoder.kernels.extend_attention import extend_attention
 from lsp_dscoder.kernels.pdl import pdl_supported
@@ -44,8 +47,8 @@ Progress = Callable[[str, int, int], None]
 class FastRunner:
     """Runner (engine/generate.py) on the fast path. `graphs=False` runs the kernels eagerly (the CPU test
     suite does so under TRITON_INTERPRET=1). `gemm` for steps of <= MAX_M tokens: "cublas", "skinny", or
-    "auto" (the faster per graph bucket, timed in `capture`; eager steps take the skinny GEMM). `pdl`: None
-    launches with programmatic dependent launch where the GPU supports it."""
+    "auto" (the faster per graph bucket, timed in `capture`; eager steps take the skinny GEMM). `pdl`: launch
+    with programmatic dependent launch (sm_90+); None: where the GPU supports it."""
 
     def __init__(
         self,
@@ -54,7 +57,7 @@ class FastRunner:
         graphs: bool = True,
         buckets: tuple[int, ...] = BUCKETS,
         gemm: str = "auto",
-        pdl: bool | None = None,
+        pdl: bool | None = False,
     ) -> None:
         if gemm not in GEMM_CHOICES:
             raise ValueError(f"gemm must be one of {GEMM_CHOICES}, got {gemm!r}")
@@ -80,9 +83,17 @@ class FastRunner:
         # Split-K partials for the widest layer matrix; one workspace serves every launch of a step.
         widest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
         self.workspace = SkinnyWorkspace.allocate(widest, 8, dev) if gemm != "cublas" else None
+        # AWQ checkpoints (engine/awq.py) run every layer matrix packed, through kernels/awq_gemm.py.
+        packed = bool(model.w.layers) and model.w.layers[0].quant is not None
+        self.awq_workspace = SkinnyWorkspace.allocate(widest, MAX_SPLIT, dev) if packed else None
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, w: torch.Tensor, packed: AwqLinear | None = None) -> torch.Tensor:
         """x @ w.T for a layer matrix: the skinny GEMM for at most MAX_M rows when chosen, else cuBLAS."""
+        if packed is not None:  # INT4 AWQ: the dense `w` is a meta tensor
+            p = (packed.qweight, packed.qzeros, packed.scales)
+            if x.shape[0] <= MAX_M:
+                return awq_skinny(x, *p, workspace=self.awq_workspace, pdl=self.pdl)
+            return awq_gemm(x, *p)
         if self.skinny and x.shape[0] <= MAX_M:
             return skinny_gemm(x, w, workspace=self.workspace, pdl=self.pdl)
         return x @ w.T
@@ -101,7 +112,8 @@ class FastRunner:
                 residual = h.clone()
             else:
                 x = rms_norm(x, layer.input_norm, cfg.rms_norm_eps, residual=residual, pdl=pdl)  # += mlp out
-            qkv = self.linear(x, layer.wqkv)  # (T, (H + 2*KVH) * D)
+            aq = layer.quant  # packed AWQ matrices, or None
+            qkv = self.linear(x, layer.wqkv, aq.wqkv if aq else None)  # (T, (H + 2*KVH) * D)
             k_cache, v_cache = cache.k(n, slot), cache.v(n, slot)  # (KVH, capacity, D)
             q = rope_store(
                 qkv, self.cos_sin, start, k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads, pdl=pdl
@@ -110,9 +122,10 @@ class FastRunner:
                 attn = decode_attention(q, k_cache, v_cache, seq_len, self.scale, pdl=pdl)  # (1, H, D)
             else:
                 attn = extend_attention(q, k_cache, v_cache, start, self.scale, pdl=pdl)  # (T, H, D)
-            o = self.linear(attn.view(t, cfg.q_size), layer.wo)  # (T, C)
+            o = self.linear(attn.view(t, cfg.q_size), layer.wo, aq.wo if aq else None)  # (T, C)
             x = rms_norm(o, layer.post_norm, cfg.rms_norm_eps, residual=residual, pdl=pdl)  # += attn out
-            x = self.linear(silu_mul(self.linear(x, layer.w_gate_up), pdl=pdl), layer.w_down)  # (T, C)
+            gate_up = self.linear(x, layer.w_gate_up, aq.w_gate_up if aq else None)  # (T, 2I)
+            x = self.linear(silu_mul(gate_up, pdl=pdl), layer.w_down, aq.w_down if aq else None)  # (T, C)
         x = rms_norm(x, w.norm, cfg.rms_norm_eps, residual=residual, pdl=pdl)  # (T, C)
         # The LM head stays on cuBLAS: at 32K rows it streams near copy bandwidth there (docs/kernels.md).
         return (x.index_select(0, last) @ w.lm_head.T).float()  # (1, V): LM head on one row
