@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from lsprotocol import types
-from pygls.exceptions import JsonRpcException
+from pygls.exceptions import FeatureRequestError, JsonRpcException
 from pygls.lsp.server import LanguageServer
 from pygls.protocol.language_server import lsp_method
 from pygls.uris import to_fs_path
@@ -116,6 +116,8 @@ class DscoderServer(LanguageServer):
         self._progress_ids = itertools.count(1)
 
     def report_server_error(self, error: Exception, source: Any) -> None:
+        if source is FeatureRequestError:
+            return  # the request was answered with this error, and its reason logged: no popup as well
         if isinstance(error, json.JSONDecodeError | UnicodeDecodeError | JsonRpcException):
             log.warning("ignored a malformed message: %s", error)
             self.show(f"dscoder: ignored a malformed message ({error})", types.MessageType.Warning)
