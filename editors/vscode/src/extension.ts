@@ -4,6 +4,7 @@
  * server, and restarts it when its command line changes.
  */
 
+import type { ChildProcess } from 'node:child_process';
 import * as vscode from 'vscode';
 import {
   DidChangeConfigurationNotification,
@@ -15,6 +16,7 @@ import {
 } from 'vscode-languageclient/node';
 
 import { InlineStreaming } from './inline';
+import { launchServer } from './launch';
 import {
   initializationOptions,
   isEnabled,
@@ -39,11 +41,18 @@ interface EngineStats {
 
 class Session implements vscode.Disposable {
   private readonly output = vscode.window.createOutputChannel('lsp-dscoder', { log: true });
-  private readonly statusItem = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
+  private readonly statusItem = vscode.window.createStatusBarItem(
+    'lspDscoder.status',
+    vscode.StatusBarAlignment.Right,
+    100,
+  );
   private status: StatusView = INITIAL;
   private settings: Settings;
   private client: LanguageClient | undefined;
   private inline: InlineStreaming | undefined;
+  /** Why the last server process ended (shown as `stopped: <reason>`); unset while one runs. */
+  private exitReason: string | undefined;
+  private serverProcess: ChildProcess | undefined;
   private readonly subscriptions: vscode.Disposable[] = [];
 
   constructor() {
@@ -69,39 +78,52 @@ class Session implements vscode.Disposable {
       busy: (generating) => this.setStatus(withBusy(this.status, generating)),
       ttft: (ms) => this.setStatus({ lastTtftMs: ms }),
     });
-    const client = new LanguageClient(
-      SECTION,
-      'lsp-dscoder',
-      { command: launch.command, args: [...launch.args] },
-      {
-        documentSelector: [{ scheme: 'file' }, { scheme: 'untitled' }],
-        initializationOptions: initializationOptions(this.settings),
-        outputChannel: this.output,
-        middleware: {
-          ...inline.middleware,
-          // The server asks for its section when a configuration change came without it.
-          workspace: {
-            configuration: async (params, token, next) => {
-              const answers = await next(params, token);
-              if (!Array.isArray(answers)) return answers;
-              return params.items.map((item, i) =>
-                item.section === SERVER_SECTION ? serverConfiguration(this.settings) : answers[i],
-              );
-            },
-          },
-          handleWorkDoneProgress: (token, params, next) => {
-            this.progress(params);
-            next(token, params);
+    this.exitReason = undefined;
+    const serverOptions = async () => {
+      this.exitReason = undefined;
+      const launched = await launchServer(launch.command, launch.args, (reason) => {
+        if (this.client !== client) return; // stopped on purpose (restart, deactivation)
+        this.exitReason = reason;
+        this.output.warn(`server ${reason}`);
+        if (this.status.phase === 'stopped') this.setStatus({ error: reason });
+      });
+      this.serverProcess = launched.process;
+      return launched;
+    };
+    const client = new LanguageClient(SECTION, 'lsp-dscoder', serverOptions, {
+      documentSelector: [{ scheme: 'file' }, { scheme: 'untitled' }],
+      initializationOptions: initializationOptions(this.settings),
+      outputChannel: this.output,
+      middleware: {
+        ...inline.middleware,
+        // The server asks for its section when a configuration change came without it.
+        workspace: {
+          configuration: async (params, token, next) => {
+            const answers = await next(params, token);
+            if (!Array.isArray(answers)) return answers;
+            return params.items.map((item, i) =>
+              item.section === SERVER_SECTION ? serverConfiguration(this.settings) : answers[i],
+            );
           },
         },
+        handleWorkDoneProgress: (token, params, next) => {
+          this.progress(params);
+          next(token, params);
+        },
       },
-    );
+    });
     // Also follows the client's own restarts after a server crash.
     client.onDidChangeState(({ newState }) => {
       if (newState === State.Starting)
         this.setStatus({ phase: 'starting', progress: undefined, error: undefined });
-      if (newState === State.Running && this.status.phase === 'starting') this.setStatus({ phase: 'idle' });
-      if (newState === State.Stopped) this.setStatus({ phase: 'stopped', progress: undefined });
+      if (newState === State.Running && this.status.phase === 'starting') {
+        // The model loads after `initialized`; its progress (or the stats) says when it is ready.
+        this.setStatus({ phase: 'loading' });
+        void this.checkEngine();
+      }
+      if (newState === State.Stopped) {
+        this.setStatus({ phase: 'stopped', progress: undefined, error: this.exitReason });
+      }
     });
     this.client = client;
     this.inline = inline;
@@ -110,9 +132,9 @@ class Session implements vscode.Disposable {
       await client.start();
     } catch (err) {
       // vscode-languageclient has shown the error; the tooltip says what to change.
-      const command = [launch.command, ...launch.args].join(' ');
-      const error = `could not start "${command}" (${String(err)}); set ${SECTION}.server.command`;
-      this.setStatus({ phase: 'stopped', error });
+      const reason = err instanceof Error ? err.message : String(err);
+      this.exitReason = `${reason} (set ${SECTION}.server.command)`;
+      this.setStatus({ phase: 'stopped', progress: undefined, error: this.exitReason });
     }
   }
 
@@ -121,8 +143,14 @@ class Session implements vscode.Disposable {
     this.client = undefined;
     this.inline = undefined;
     inline?.dispose();
+    const server = this.serverProcess;
+    this.serverProcess = undefined;
     if (client !== undefined && client.state !== State.Stopped) {
       await client.stop().catch((err) => this.output.warn(`stopping the server: ${String(err)}`));
+    }
+    // The server exits after `exit`; one that does not is ended after a grace period.
+    if (server !== undefined && server.exitCode === null && server.signalCode === null) {
+      setTimeout(() => server.exitCode === null && server.signalCode === null && server.kill(), 2000);
     }
   }
 
@@ -146,20 +174,27 @@ class Session implements vscode.Disposable {
       const { message = current.message, percentage = current.percentage } = params;
       this.setStatus({ progress: { ...current, message, percentage } });
     } else if (params.kind === 'end') {
-      this.setStatus({ phase: 'idle', progress: undefined });
-      void this.checkEngine();
+      // The server ends its load progress with `ready` or `failed: <reason>`.
+      const failed = /^failed:\s*(.*)$/s.exec(params.message ?? '');
+      if (failed !== null) {
+        this.setStatus({ phase: 'failed', progress: undefined, error: failed[1] || 'unknown error' });
+      } else {
+        this.setStatus({ phase: 'idle', progress: undefined });
+        void this.checkEngine();
+      }
     }
   }
 
+  /** The engine's state from `dscoder/stats`: ready, failed with its reason, or still loading. */
   private async checkEngine(): Promise<void> {
     const client = this.client;
     const stats = await client?.sendRequest<EngineStats>(STATS_METHOD).catch(() => undefined);
     if (client !== this.client || stats === undefined) return;
+    const { phase } = this.status;
     if (stats.engineState === 'failed') {
-      this.setStatus({
-        phase: 'failed',
-        error: `the model did not load: ${stats.engineError ?? 'unknown error'}`,
-      });
+      this.setStatus({ phase: 'failed', progress: undefined, error: stats.engineError ?? 'unknown error' });
+    } else if (stats.engineState === 'ready' && phase === 'loading' && this.status.progress === undefined) {
+      this.setStatus({ phase: 'idle' });
     }
   }
 

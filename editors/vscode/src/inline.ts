@@ -1,12 +1,21 @@
 /**
  * Inline completion middleware: sends one `textDocument/inlineCompletion` per (document version, cursor),
- * shows the streamed partial text before the response arrives, and asks VS Code to re-query as it grows.
+ * shows the streamed partial text before the response arrives, and shows the whole suggestion once the
+ * server has streamed it.
  *
- * The LSP request is not tied to VS Code's per-call cancellation token: every refresh makes VS Code
+ * VS Code (1.100) takes at most two results per document version and cursor position while a suggestion
+ * is shown: the automatic query's, and one explicit re-query (`editor.action.inlineSuggest.trigger`); later
+ * re-queries are "satisfied" by the explicit one and never reach the provider, and hiding the suggestion
+ * to force one makes it blink. So the first call answers with the first streamed text, and when the text
+ * grows the editor is asked once more; that call waits until the suggestion is complete (or the request
+ * is dropped, the editor gives up, or HOLD_MS pass) and answers with all of it. What is shown is always
+ * an answer of the provider, so Tab accepts exactly what is on the screen.
+ *
+ * The LSP request is not tied to VS Code's per-call cancellation token: the re-query makes VS Code
  * cancel its previous call, which must not cancel the generation. One request is in flight at a time:
  * a newer one replaces it (see `cancelOnReplace` for when that sends `$/cancelRequest`), and closing its
  * document cancels it. The server keeps decoding after its response (the rest of a multi-line
- * suggestion arrives as partials of the same request); those keep refreshing the suggestion.
+ * suggestion arrives as partials of the same request).
  */
 
 import * as vscode from 'vscode';
@@ -19,8 +28,8 @@ type InlineMiddleware = Required<Pick<Middleware, 'provideInlineCompletionItems'
 /** The client's own provider: sends the LSP request and converts the response. */
 type Next = Parameters<InlineMiddleware['provideInlineCompletionItems']>[4];
 
-/** VS Code redraws on each re-query; partials can arrive per token, faster than that is useful. */
-const REFRESH_INTERVAL_MS = 30;
+/** Longest wait of the re-query for the rest of the suggestion; then it answers with what it has. */
+export const HOLD_MS = 15_000;
 
 export interface InlineEvents {
   /** A request went out, or the one in flight ended. */
@@ -56,7 +65,8 @@ export class InlineStreaming implements vscode.Disposable {
   >();
   /** Per document: provider calls waiting for its first text or its response. */
   private readonly waiters = new Map<string, Set<() => void>>();
-  private refreshTimer: NodeJS.Timeout | undefined;
+  /** Per document: the text last answered to VS Code, and whether the re-query was asked for. */
+  private readonly answered = new Map<string, { anchor: Anchor; text: string; requeried: boolean }>();
 
   readonly middleware: InlineMiddleware = {
     provideInlineCompletionItems: (document, position, context, token, next) =>
@@ -78,11 +88,12 @@ export class InlineStreaming implements vscode.Disposable {
   forget(uri: string): void {
     if (this.inflight?.anchor.uri === uri) this.cancelInflight();
     this.finals.delete(uri);
+    this.answered.delete(uri);
     this.store.forget(uri);
+    this.wake(uri);
   }
 
   dispose(): void {
-    clearTimeout(this.refreshTimer);
     this.cancelInflight();
   }
 
@@ -97,6 +108,7 @@ export class InlineStreaming implements vscode.Disposable {
     this.store.forget(inflight.anchor.uri);
     this.finals.delete(inflight.anchor.uri);
     this.events.busy(false);
+    this.wake(inflight.anchor.uri);
   }
 
   private async provide(
@@ -118,8 +130,18 @@ export class InlineStreaming implements vscode.Disposable {
       if (token.isCancellationRequested) return undefined;
       await this.nextUpdate(anchor.uri, token);
     }
+    const answered = this.answered.get(anchor.uri);
+    if (answered !== undefined && sameAnchor(answered.anchor, anchor)) {
+      // The re-query: the last answer VS Code takes at this anchor, so it waits for the whole text.
+      const deadline = performance.now() + HOLD_MS;
+      while (!this.store.isComplete(anchor) && performance.now() < deadline) {
+        if (token.isCancellationRequested) return undefined;
+        await this.nextUpdate(anchor.uri, token, deadline - performance.now());
+      }
+    }
     const text = this.store.suggestion(anchor);
     if (token.isCancellationRequested || text === undefined) return undefined;
+    this.answered.set(anchor.uri, { anchor, text, requeried: answered?.requeried ?? false });
     const final = this.finals.get(anchor.uri);
     const item = final !== undefined && sameAnchor(final.anchor, anchor) ? final.item : undefined;
     return [
@@ -140,6 +162,7 @@ export class InlineStreaming implements vscode.Disposable {
   ): void {
     this.cancelInflight(anchor); // latest wins
     this.finals.delete(anchor.uri);
+    this.answered.delete(anchor.uri);
     const cancel = new vscode.CancellationTokenSource();
     this.inflight = { anchor, cancel };
     this.store.begin(anchor, performance.now());
@@ -160,38 +183,44 @@ export class InlineStreaming implements vscode.Disposable {
   private updated(uri: string, update: Update, settled = false): void {
     if (update.ttftMs !== undefined) this.events.ttft(update.ttftMs);
     if (!update.changed && !settled) return;
+    if (this.wake(uri)) return; // the provider calls waiting return the new text themselves
+    if (update.changed) this.requery(uri);
+  }
+
+  /** Wakes the provider calls waiting on the document; false when there were none. */
+  private wake(uri: string): boolean {
     const waiting = this.waiters.get(uri);
-    if (waiting !== undefined && waiting.size > 0) {
-      for (const wake of waiting) wake();
-      return; // the provider calls waiting return the new text themselves
-    }
-    if (update.changed) this.scheduleRefresh();
+    if (waiting === undefined || waiting.size === 0) return false;
+    for (const wake of [...waiting]) wake();
+    return true;
   }
 
-  /** Re-query the active editor (to show more text, or to hide a dropped suggestion) when the
-   * suggestion that changed is the one for its current version and cursor. */
-  private scheduleRefresh(): void {
-    if (this.refreshTimer !== undefined) return;
-    this.refreshTimer = setTimeout(() => {
-      this.refreshTimer = undefined;
-      const editor = vscode.window.activeTextEditor;
-      if (editor !== undefined && this.store.has(anchorOf(editor.document, editor.selection.active))) {
-        void vscode.commands.executeCommand('editor.action.inlineSuggest.trigger');
-      }
-    }, REFRESH_INTERVAL_MS);
+  /** Asks the active editor once more when the suggestion it shows (the last answer at its version and
+   * cursor) is no longer what the server has: more text, or none. */
+  private requery(uri: string): void {
+    const answered = this.answered.get(uri);
+    const editor = vscode.window.activeTextEditor;
+    if (answered === undefined || answered.requeried || editor === undefined) return;
+    if (!sameAnchor(answered.anchor, anchorOf(editor.document, editor.selection.active))) return;
+    if (this.store.suggestion(answered.anchor) === answered.text) return;
+    answered.requeried = true;
+    void vscode.commands.executeCommand('editor.action.inlineSuggest.trigger');
   }
 
-  /** Resolves on the next update of the document's suggestion, or when VS Code gives up on the call. */
-  private nextUpdate(uri: string, token: vscode.CancellationToken): Promise<void> {
+  /** Resolves on the next update of the document's suggestion, when VS Code gives up on the call, or
+   * after `timeoutMs`. */
+  private nextUpdate(uri: string, token: vscode.CancellationToken, timeoutMs = HOLD_MS): Promise<void> {
     return new Promise((resolve) => {
       const set = this.waiters.get(uri) ?? new Set<() => void>();
       this.waiters.set(uri, set);
       const wake = (): void => {
         set.delete(wake);
         sub.dispose();
+        clearTimeout(timer);
         resolve();
       };
       const sub = token.onCancellationRequested(wake);
+      const timer = setTimeout(wake, Math.max(0, timeoutMs));
       set.add(wake);
     });
   }

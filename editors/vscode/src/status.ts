@@ -1,6 +1,8 @@
 /** What the status bar item says: server phase, model-load progress, last time to first token. Pure. */
 
-/** `failed`: the server runs but its model did not load; `stopped`: the server process is gone. */
+/** `starting`: the process starts; `loading`: it runs and its model is not ready yet (also before the
+ * server's load progress begins); `failed`: the server runs but its model did not load; `stopped`: the
+ * server process is gone. */
 export type Phase = 'starting' | 'loading' | 'idle' | 'generating' | 'failed' | 'stopped';
 
 export interface LoadProgress {
@@ -46,6 +48,15 @@ export function formatMs(ms: number): string {
   return tenths < 10 ? `${tenths.toFixed(1)} ms` : `${Math.round(ms)} ms`;
 }
 
+/** Longest reason shown in the status bar; the tooltip has all of it. */
+const MAX_REASON = 80;
+
+/** The first line of `reason`, cut to MAX_REASON characters. */
+export function shortReason(reason: string): string {
+  const line = reason.split('\n')[0].trim();
+  return line.length <= MAX_REASON ? line : `${line.slice(0, MAX_REASON - 1)}…`;
+}
+
 export function renderStatus(v: StatusView): { text: string; tooltip: string } {
   let text = `${ICONS[v.phase]} dscoder`;
   const tips = [`lsp-dscoder: ${v.phase}`];
@@ -58,7 +69,12 @@ export function renderStatus(v: StatusView): { text: string; tooltip: string } {
     text += ` ${formatMs(v.lastTtftMs)}`;
     tips.push(`last time to first token: ${formatMs(v.lastTtftMs)}`);
   }
-  if ((v.phase === 'failed' || v.phase === 'stopped') && v.error !== undefined) tips.push(v.error);
+  if (v.phase === 'starting') text += ': starting';
+  if (v.phase === 'loading' && v.progress === undefined) text += ': loading';
+  if (v.phase === 'failed' || v.phase === 'stopped') {
+    text += `: ${v.phase}${v.error === undefined ? '' : `: ${shortReason(v.error)}`}`;
+    if (v.error !== undefined) tips.push(v.error);
+  }
   tips.push('Click to show the server log.');
   return { text, tooltip: tips.join('\n') };
 }

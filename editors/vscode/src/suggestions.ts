@@ -80,11 +80,14 @@ interface Entry {
   partial: string;
   /** The response's insert text: `undefined` until it came, '' when it had no item. */
   final: string | undefined;
+  /** The server sent the request's last partial (`done`): the suggestion will not grow any more. */
+  done: boolean;
   ttftMs: number | undefined;
 }
 
 export interface Update {
-  /** False when the update was stale (another document version, position or request) or changed nothing. */
+  /** False when the update was stale (another document version, position or request) or changed
+   * nothing: neither the text shown nor whether the suggestion is complete. */
   readonly changed: boolean;
   /** Set on the first update that carries text: request sent -> first text. */
   readonly ttftMs: number | undefined;
@@ -113,6 +116,7 @@ export class SuggestionStore {
       requestId: undefined,
       partial: '',
       final: undefined,
+      done: false,
       ttftMs: undefined,
     });
   }
@@ -126,6 +130,13 @@ export class SuggestionStore {
     return this.entry(anchor)?.final !== undefined;
   }
 
+  /** True once the suggestion at `anchor` is whole: the response came and either had no item or the
+   * server sent its last partial. Also true when `anchor` has no request (nothing more will come). */
+  isComplete(anchor: Anchor): boolean {
+    const e = this.entry(anchor);
+    return e === undefined || (e.final !== undefined && (e.final === '' || e.done));
+  }
+
   onPartial(p: PartialCompletion, nowMs: number): Update {
     if (typeof p.requestId === 'number') {
       this.lastRequestId.set(p.uri, Math.max(p.requestId, this.lastRequestId.get(p.uri) ?? p.requestId));
@@ -137,8 +148,11 @@ export class SuggestionStore {
     if (older || (e.requestId !== undefined && e.requestId !== p.requestId)) return NO_CHANGE;
     e.requestId = p.requestId;
     const before = this.suggestion(p);
+    const wasDone = e.done;
     e.partial = p.text;
-    return this.result(e, before, nowMs);
+    e.done = e.done || p.done;
+    const update = this.result(e, before, nowMs);
+    return e.done === wasDone ? update : { ...update, changed: true };
   }
 
   /** The response arrived: `text` is its first item's insert text, `undefined` for no item. */

@@ -63,10 +63,13 @@ export const fake = {
   InlineCompletionItem,
   CancellationTokenSource,
   executed: [] as string[],
+  /** Runs after a command is recorded: a test's model of what VS Code does with it. */
+  onCommand: undefined as ((command: string) => void) | undefined,
   window: { activeTextEditor: undefined as FakeEditor | undefined },
   commands: {
     executeCommand: async (command: string): Promise<void> => {
       fake.executed.push(command);
+      fake.onCommand?.(command);
     },
   },
 };

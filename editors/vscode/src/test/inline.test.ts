@@ -14,7 +14,7 @@ const { InlineStreaming } = require('../inline') as typeof import('../inline');
 
 const URI = 'file:///w/%F0%9F%98%80.py';
 const AT: FakePosition = { line: 3, character: 9 };
-const REFRESH_WAIT_MS = 60; // the middleware batches refreshes every 30 ms
+const REFRESH_WAIT_MS = 60;
 
 type Token = { isCancellationRequested: boolean };
 interface Sent {
@@ -27,6 +27,7 @@ const live: { dispose(): void }[] = [];
 afterEach(() => {
   for (const inline of live.splice(0)) inline.dispose(); // no refresh timer outlives its test
   fake.window.activeTextEditor = undefined;
+  fake.onCommand = undefined;
 });
 
 function setup() {
@@ -88,17 +89,68 @@ test('the first call waits for the first partial; the LSP request has its own to
   assert.equal(t.sent[0].token.isCancellationRequested, false);
 });
 
-test('growing partials re-trigger the editor; the next call answers at once, without a request', async () => {
+test('growing text re-queries the editor once; that call waits for the whole suggestion', async () => {
   const t = setup();
   fake.window.activeTextEditor = t.editorAt(2, AT);
   const first = t.provide(2, AT);
   t.inline.onPartial(t.partial(7, 2, 'ret'));
-  await first;
+  assert.deepEqual(await first, items('ret'));
   t.inline.onPartial(t.partial(7, 2, 'retur'));
   t.inline.onPartial(t.partial(7, 2, 'return a'));
+  assert.deepEqual(fake.executed, ['editor.action.inlineSuggest.trigger']); // once, not per partial
+  let answer: unknown;
+  const requery = t.provide(2, AT).then((a) => (answer = a));
+  t.inline.onPartial(t.partial(7, 2, 'return a\n  b'));
+  t.sent[0].respond(items('return a'));
   await sleep(REFRESH_WAIT_MS);
-  assert.deepEqual(fake.executed, ['editor.action.inlineSuggest.trigger']); // batched: one refresh
-  assert.deepEqual(await t.provide(2, AT), items('return a'));
+  assert.equal(answer, undefined); // not complete: no done partial yet
+  t.inline.onPartial(t.partial(7, 2, 'return a\n  b + 1', true));
+  await requery;
+  assert.deepEqual(answer, items('return a\n  b + 1'));
+  assert.equal(t.sent.length, 1);
+  assert.deepEqual(fake.executed, ['editor.action.inlineSuggest.trigger']);
+});
+
+/**
+ * VS Code 1.100's inline-completion source, as far as re-queries go: a fetch at the version and cursor of
+ * the shown result is skipped when that result came from an explicit request or the new one is automatic
+ * (`UpdateRequest.satisfies`); `editor.action.inlineSuggest.trigger` fetches explicitly.
+ */
+class InlineSource {
+  shown: { text: string | undefined; explicit: boolean } | undefined;
+  fetches = 0;
+
+  constructor(private readonly provide: () => Promise<{ insertText: string }[] | undefined>) {
+    fake.onCommand = (command) => {
+      if (command === 'editor.action.inlineSuggest.trigger') void this.fetch(true);
+    };
+  }
+
+  async fetch(explicit: boolean): Promise<void> {
+    if (this.shown !== undefined && (this.shown.explicit || !explicit)) return; // "satisfied"
+    this.fetches += 1;
+    const result = await this.provide();
+    this.shown = { text: result?.[0]?.insertText, explicit };
+  }
+}
+
+test('in VS Code 1.100 the streamed suggestion reaches the screen whole, in two answers', async () => {
+  const t = setup();
+  fake.window.activeTextEditor = t.editorAt(2, AT);
+  const source = new InlineSource(() => t.provide(2, AT));
+  const typed = source.fetch(false);
+  t.inline.onPartial(t.partial(7, 2, 'self'));
+  await typed;
+  assert.deepEqual(source.shown, { text: 'self', explicit: false });
+  for (const text of ['self.x', 'self.x = x', 'self.x = x\n    self.y']) {
+    t.inline.onPartial(t.partial(7, 2, text));
+    await sleep(5);
+  }
+  t.sent[0].respond(items('self.x = x'));
+  t.inline.onPartial(t.partial(7, 2, 'self.x = x\n    self.y = y', true));
+  await sleep(REFRESH_WAIT_MS);
+  assert.deepEqual(source.shown, { text: 'self.x = x\n    self.y = y', explicit: true });
+  assert.equal(source.fetches, 2);
   assert.equal(t.sent.length, 1);
 });
 
@@ -112,9 +164,8 @@ test('after the response (first line) the partials keep growing the suggestion, 
   await sleep(0);
   assert.deepEqual(t.events.busy, [true, false]);
   t.inline.onPartial(t.partial(7, 2, 'return a\n    b', true));
-  await sleep(REFRESH_WAIT_MS);
   assert.deepEqual(fake.executed, ['editor.action.inlineSuggest.trigger']);
-  assert.deepEqual(await t.provide(2, AT), items('return a\n    b'));
+  assert.deepEqual(await t.provide(2, AT), items('return a\n    b')); // complete: answered at once
 });
 
 test('stale partials (older version, other position) change nothing and trigger nothing', async () => {

@@ -1,14 +1,19 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { formatMs, INITIAL, Phase, renderStatus, withBusy } from '../status';
+import { formatMs, INITIAL, Phase, renderStatus, shortReason, withBusy } from '../status';
 
 const CLICK = 'Click to show the server log.';
 
 test("starting, then loading with the server's progress message and percentage", () => {
   assert.deepEqual(renderStatus(INITIAL), {
-    text: '$(sync~spin) dscoder',
+    text: '$(sync~spin) dscoder: starting',
     tooltip: `lsp-dscoder: starting\n${CLICK}`,
+  });
+  // The server runs and has not begun its load progress yet: loading, not idle.
+  assert.deepEqual(renderStatus({ ...INITIAL, phase: 'loading' }), {
+    text: '$(sync~spin) dscoder: loading',
+    tooltip: `lsp-dscoder: loading\n${CLICK}`,
   });
   const loading = {
     ...INITIAL,
@@ -44,7 +49,7 @@ test('idle and generating show the last time to first token', () => {
   });
 });
 
-test('failed and stopped show why in the tooltip, and no stale time to first token', () => {
+test('failed and stopped show why in the text and the tooltip, and no stale time to first token', () => {
   const failed = {
     ...INITIAL,
     phase: 'failed' as const,
@@ -52,14 +57,26 @@ test('failed and stopped show why in the tooltip, and no stale time to first tok
     error: 'OSError: no config.json in /m',
   };
   assert.deepEqual(renderStatus(failed), {
-    text: '$(warning) dscoder',
+    text: '$(warning) dscoder: failed: OSError: no config.json in /m',
     tooltip: `lsp-dscoder: failed\nOSError: no config.json in /m\n${CLICK}`,
   });
   const stopped = { ...INITIAL, phase: 'stopped' as const, error: 'could not start "x": ENOENT' };
   assert.deepEqual(renderStatus(stopped), {
-    text: '$(error) dscoder',
+    text: '$(error) dscoder: stopped: could not start "x": ENOENT',
     tooltip: `lsp-dscoder: stopped\ncould not start "x": ENOENT\n${CLICK}`,
   });
+  assert.deepEqual(renderStatus({ ...INITIAL, phase: 'stopped' }), {
+    text: '$(error) dscoder: stopped',
+    tooltip: `lsp-dscoder: stopped\n${CLICK}`,
+  });
+});
+
+test('a long or multi-line reason is cut to its first line, 80 characters, in the text only', () => {
+  const long = `exited with code 2: lsp-dscoder: error: ${'x'.repeat(100)}\nTraceback`;
+  const { text, tooltip } = renderStatus({ ...INITIAL, phase: 'stopped', error: long });
+  assert.equal(text, `$(error) dscoder: stopped: ${long.slice(0, 79)}…`);
+  assert.equal(shortReason(long).length, 80);
+  assert.equal(tooltip, `lsp-dscoder: stopped\n${long}\n${CLICK}`);
 });
 
 test('formatMs keeps a decimal below 10 ms only', () => {
