@@ -2,9 +2,9 @@
 
 - line exact match: cursor at a random position inside a random line; the model fills the rest of the
   line (PSM prompt: text before the cursor, hole, text from the line's end), greedy, cut at the newline;
-  the same cases with the server's layout (hole at the line start, the line up to the cursor after
-  `<｜fim▁end｜>`), with that layout and the server's token healing, and with a left-to-right prompt
-  (no suffix) as a baseline;
+  the same cases with the server's prompt, built by its `PromptBuilder` as after typing the line (head
+  built at the line start, then reused; `--context-files` other held-out files as open documents),
+  without and with token healing, and with a left-to-right prompt (no suffix) as a baseline;
 - FIM exact match: one to three whole lines removed; the model must produce exactly them and stop
   (its `<eos>`), greedy;
 - perplexity of `<bos>file<eos>` in windows, with the engine's reference forward (its own logits);
@@ -25,11 +25,17 @@ import math
 import random
 import statistics
 import sysconfig
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+from lsp_dscoder.prompt import Budgets, ContextFile, FimTokenizer, PromptBuilder
+
+if TYPE_CHECKING:
+    from lsp_dscoder.engine import Engine
 
 HELDOUT_LIST = "heldout_files.txt"
 
@@ -42,10 +48,8 @@ class Case:
     suffix: str
 
 
-@dataclass(frozen=True)
-class Budgets:
-    prefix_tokens: int
-    suffix_tokens: int
+Doc = dict[str, str]  # {"id": "source:path", "text": ...}
+Prompted = tuple[tuple[int, ...], str]  # prompt ids, and the typed text left for token healing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--prefix-tokens", type=int, default=768)
     parser.add_argument("--suffix-tokens", type=int, default=256)
+    parser.add_argument("--context-files", type=int, default=2, help="other files in the server's prompt")
     parser.add_argument("--ppl-tokens", type=int, default=32768, help="tokens scored for perplexity")
     parser.add_argument("--ppl-window", type=int, default=1024)
     parser.add_argument("--timing-runs", type=int, default=5)
@@ -63,19 +68,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
-def load_heldout(data: Path | None, bundled: Path) -> list[dict]:
+def load_heldout(data: Path | None, bundled: Path) -> list[Doc]:
     """Held-out documents {"id", "text"}: from a corpus split file, or the recorded list on this machine."""
     from lsp_dscoder.training.corpus import read_docs
 
     if data is not None:
         return read_docs(data)
-    docs = []
+    docs: list[Doc] = []
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     for line in (bundled / HELDOUT_LIST).read_text(encoding="utf-8").splitlines():
         doc_id, digest = line.rsplit(" ", 1)
         source, rel = doc_id.split(":", 1)
         try:
-            path = stdlib / rel if source == "stdlib" else Path(md.distribution(source).locate_file(rel))
+            path = stdlib / rel if source == "stdlib" else Path(str(md.distribution(source).locate_file(rel)))
             text = path.read_text(encoding="utf-8")
         except (md.PackageNotFoundError, OSError, UnicodeDecodeError):
             continue
@@ -84,9 +89,9 @@ def load_heldout(data: Path | None, bundled: Path) -> list[dict]:
     return docs
 
 
-def line_cases(docs: list[dict], n: int, rng: random.Random) -> list[Case]:
+def line_cases(docs: list[Doc], n: int, rng: random.Random) -> list[Case]:
     """Cursor inside a line (before its last non-blank character); middle = the rest of the line."""
-    cases = []
+    cases: list[Case] = []
     while len(cases) < n:
         doc = rng.choice(docs)
         text = doc["text"]
@@ -102,9 +107,9 @@ def line_cases(docs: list[dict], n: int, rng: random.Random) -> list[Case]:
     return cases
 
 
-def fim_cases(docs: list[dict], n: int, rng: random.Random) -> list[Case]:
+def fim_cases(docs: list[Doc], n: int, rng: random.Random) -> list[Case]:
     """One to three whole non-blank lines (with their newlines) removed; the model must restore them."""
-    cases = []
+    cases: list[Case] = []
     while len(cases) < n:
         doc = rng.choice(docs)
         lines = doc["text"].splitlines(keepends=True)
@@ -119,52 +124,56 @@ def fim_cases(docs: list[dict], n: int, rng: random.Random) -> list[Case]:
     return cases
 
 
-def psm_prompt(tok, case: Case, budgets: Budgets) -> tuple[int, ...]:
+def psm_prompt(tok: FimTokenizer, case: Case, budgets: Budgets) -> tuple[int, ...]:
     """The trained PSM layout, prefix cut to its last tokens and suffix to its first tokens."""
     prefix = tok.encode(case.prefix)[-budgets.prefix_tokens :] if case.prefix else []
     suffix = tok.encode(case.suffix)[: budgets.suffix_tokens] if case.suffix else []
     return (tok.bos_id, tok.fim_begin_id, *prefix, tok.fim_hole_id, *suffix, tok.fim_end_id)
 
 
-def anchored_prompt(tok, case: Case, budgets: Budgets) -> tuple[int, ...]:
-    """The server's layout: the hole at the start of the cursor's line (the edit anchor), and the line's
-    text up to the cursor after `<｜fim▁end｜>`, as the middle typed so far."""
+def server_prompt(builder: PromptBuilder, case: Case, context: Sequence[ContextFile]) -> Prompted:
+    """The server's prompt after typing the line up to the cursor: built first with the cursor at the
+    line's start (the edit anchor), then at the cursor from that prompt's head and tokens, as the server
+    builds successive keystrokes. Returns (ids, heal_text)."""
     start = case.prefix.rfind("\n") + 1
-    head = Case(case.source, case.prefix[:start], case.middle, case.suffix)
-    return psm_prompt(tok, head, budgets) + tuple(tok.encode(case.prefix[start:]))
+    files = lambda: context
+    first = builder.build(case.prefix[:start] + case.suffix, start, files, "python")
+    text = case.prefix + case.suffix
+    typed = builder.build(text, len(case.prefix), files, "python", first.head, first.middle_pieces)
+    return typed.ids, typed.heal_text
 
 
-def healed(case: Case) -> tuple[Case, str]:
-    """The server's token healing: the typed line's text after its last safe token boundary moves out of
-    the prefix, for the model to spell first. Returns the cut case and that text."""
-    from lsp_dscoder.prompt import heal_start
-
-    start = case.prefix.rfind("\n") + 1
-    cut = start + heal_start(case.prefix[start:])
-    return replace(case, prefix=case.prefix[:cut]), case.prefix[cut:]
+def _served(
+    builder: PromptBuilder, context: dict[Case, tuple[ContextFile, ...]]
+) -> Callable[[Case], Prompted]:
+    return lambda case: server_prompt(builder, case, context[case])
 
 
-def l2r_prompt(tok, case: Case, budgets: Budgets) -> tuple[int, ...]:
+def context_files(docs: list[Doc], case: Case, n: int, rng: random.Random) -> tuple[ContextFile, ...]:
+    """`n` other held-out files, as other open documents of the editor."""
+    others = [d for d in docs if d["id"] != case.source]
+    picked = rng.sample(others, min(n, len(others)))
+    return tuple(ContextFile(d["id"].split(":", 1)[1], d["text"], "python", (d["id"], 1)) for d in picked)
+
+
+def l2r_prompt(tok: FimTokenizer, case: Case, budgets: Budgets) -> tuple[int, ...]:
     """Left to right: `<bos>` and the end of the prefix, no suffix (a baseline for the FIM prompt)."""
     return (tok.bos_id, *tok.encode(case.prefix)[-budgets.prefix_tokens :])
 
 
 def exact_match(
-    engine,
+    engine: Engine,
     cases: list[Case],
-    prompt: Callable,
-    budgets: Budgets,
+    prompt: Callable[[Case], Prompted],
     stop: tuple[str, ...],
     max_tokens: int,
-    heal: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     from lsp_dscoder.engine import CompletionRequest, SamplingParams
 
-    hits, examples = 0, []
+    hits, examples = 0, list[dict[str, Any]]()
     for case in cases:
         params = SamplingParams(max_tokens=max_tokens, stop=stop)
-        shown, heal_text = healed(case) if heal else (case, "")
-        ids = prompt(engine.tokenizer, shown, budgets)
+        ids, heal_text = prompt(case)
         done = engine.complete(CompletionRequest(prompt_ids=ids, params=params, heal_text=heal_text))
         hit = done.text == case.middle
         hits += hit
@@ -174,21 +183,24 @@ def exact_match(
 
 
 @torch.inference_mode()
-def perplexity(folder: Path, docs: list[dict], max_tokens: int, window: int, dtype: torch.dtype) -> dict:
+def perplexity(
+    folder: Path, docs: list[Doc], max_tokens: int, window: int, dtype: torch.dtype
+) -> dict[str, Any]:
     """Token-level perplexity of `<bos>file<eos>` windows via the engine's reference forward on CPU.
 
     Files are taken in the given order until max_tokens are scored (pass them shuffled).
     """
     from lsp_dscoder.engine.config import ModelConfig
-    from lsp_dscoder.engine.kv_cache import KVCache
-    from lsp_dscoder.engine.model import Transformer
+    from lsp_dscoder.engine.factory import assemble
     from lsp_dscoder.engine.tokenizer import Tokenizer
     from lsp_dscoder.engine.weights import load_weights
 
     cfg = ModelConfig.from_file(folder / "config.json")
     tok = Tokenizer(folder)
-    cache = KVCache(cfg, 1, window, torch.device("cpu"), dtype)
-    model = Transformer(cfg, load_weights(folder, cfg, torch.device("cpu"), dtype), cache.capacity)
+    cpu = torch.device("cpu")
+    weights = load_weights(folder, cfg, cpu, dtype)
+    built = assemble(cfg, weights, num_slots=1, max_context=window, device=cpu, dtype=dtype, fast_path=False)
+    model, cache = built.model, built.cache
     nll, count, chars = 0.0, 0, 0
     for doc in docs:
         ids = torch.tensor([tok.bos_id, *tok.encode(doc["text"]), tok.eos_id])
@@ -203,11 +215,14 @@ def perplexity(folder: Path, docs: list[dict], max_tokens: int, window: int, dty
     return {"perplexity": math.exp(nll / count), "tokens": count, "bits_per_char": nll / chars / math.log(2)}
 
 
-def ttft(engine, docs: list[dict], runs: int) -> dict:
+def ttft(engine: Engine, docs: list[Doc], runs: int) -> dict[str, Any]:
     """Median time to first token: a fresh 1024-token prompt, then the same prompt + 4 typed tokens."""
     from lsp_dscoder.engine import CompletionRequest, SamplingParams
 
-    tok, cold, warm, prefilled = engine.tokenizer, [], [], []
+    tok = engine.tokenizer
+    cold: list[float] = []
+    warm: list[float] = []
+    prefilled: list[int] = []
     texts = [d["text"] for d in docs if len(d["text"]) > 8000][:runs]
     for i, text in enumerate(texts):
         ids = tok.encode(text)
@@ -220,8 +235,10 @@ def ttft(engine, docs: list[dict], runs: int) -> dict:
         second = engine.complete(CompletionRequest(prompt_ids=typed, params=params, slot_key=f"ttft{i}"))
         if second.stats.reused_tokens != len(prompt) or second.stats.prefilled_tokens != 4:
             raise RuntimeError(f"the typed tokens did not reuse the prompt's cache: {second.stats}")
+        if first.stats.ttft_s is None or second.stats.ttft_s is None:
+            raise RuntimeError(f"no first token: {first.stats}, {second.stats}")
         cold.append(first.stats.ttft_s)
-        prefilled.append(first.stats.prefilled_tokens)  # all but <bos><｜fim▁begin｜>, shared by every prompt
+        prefilled.append(first.stats.prefilled_tokens)  # less what earlier prompts left in the cache
         warm.append(second.stats.ttft_s)
     return {
         "prompt_1024_ms": 1e3 * statistics.median(cold),
@@ -239,17 +256,28 @@ def run(args: argparse.Namespace) -> int:
     docs = load_heldout(args.data, default_model_path() if args.data is None else folder)
     if not docs:
         raise SystemExit("no held-out files found: pass --data PATH/heldout.jsonl.xz")
-    budgets = Budgets(args.prefix_tokens, args.suffix_tokens)
+    budgets = replace(Budgets(), prefix_tokens=args.prefix_tokens, suffix_tokens=args.suffix_tokens)
     rng = random.Random(args.seed)
-    report: dict = {"model": str(folder), "heldout_files": len(docs), "seed": args.seed, **asdict(budgets)}
+    report: dict[str, Any] = {"model": str(folder), "heldout_files": len(docs), "seed": args.seed}
+    report |= {**asdict(budgets), "context_files": args.context_files}
     config = EngineConfig(model=folder, device=args.device, dtype=args.dtype, max_context=4096, num_slots=4)
     with Engine(config) as engine:
+        tok, line_stop = engine.tokenizer, ("\n",)
         lines = line_cases(docs, args.samples, rng)
-        report["line"] = exact_match(engine, lines, psm_prompt, budgets, ("\n",), 48)
-        report["line_anchored"] = exact_match(engine, lines, anchored_prompt, budgets, ("\n",), 48)
-        report["line_healed"] = exact_match(engine, lines, anchored_prompt, budgets, ("\n",), 48, heal=True)
-        report["line_l2r"] = exact_match(engine, lines, l2r_prompt, budgets, ("\n",), 48)
-        report["fim"] = exact_match(engine, fim_cases(docs, args.samples, rng), psm_prompt, budgets, (), 96)
+        context_rng = random.Random(args.seed)  # apart from `rng`: the cases drawn after stay the same
+        context = {case: context_files(docs, case, args.context_files, context_rng) for case in lines}
+        fitted = budgets.fit(config.max_context, 48)
+        builders = {
+            "line_anchored": PromptBuilder(tok, fitted, heal=False),
+            "line_healed": PromptBuilder(tok, fitted),
+        }
+        psm = lambda case: (psm_prompt(tok, case, budgets), "")
+        report["line"] = exact_match(engine, lines, psm, line_stop, 48)
+        for row, builder in builders.items():
+            report[row] = exact_match(engine, lines, _served(builder, context), line_stop, 48)
+        l2r = lambda case: (l2r_prompt(tok, case, budgets), "")
+        report["line_l2r"] = exact_match(engine, lines, l2r, line_stop, 48)
+        report["fim"] = exact_match(engine, fim_cases(docs, args.samples, rng), psm, (), 96)
         report["ttft"] = ttft(engine, docs, args.timing_runs)
     shuffled = rng.sample(docs, len(docs))
     report["ppl"] = perplexity(folder, shuffled, args.ppl_tokens, args.ppl_window, config.torch_dtype)
@@ -263,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
     ppl, times = report["ppl"], report["ttft"]
     rows = [
         ("line exact match, FIM prompt", em["line"], f"{args.samples} cases, hole at the cursor"),
-        ("line exact match, anchored", em["line_anchored"], "the server's layout: hole at the line start"),
+        ("line exact match, anchored", em["line_anchored"], "the server's prompt builder, no healing"),
         ("line exact match, healed", em["line_healed"], "the same, with the server's token healing"),
         ("line exact match, no suffix", em["line_l2r"], "left-to-right prompt"),
         ("FIM exact match (1-3 lines)", em["fim"], f"{args.samples} cases"),
