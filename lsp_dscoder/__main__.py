@@ -1,4 +1,4 @@
-"""Command line: `lsp-dscoder [serve] --stdio|--tcp`, `complete`, `bench`, `eval`."""
+"""Command line: `lsp-dscoder [serve] --stdio|--tcp`, `complete`, `bench`, `eval`, `quantize`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ COMMANDS = {
     "eval": (
         "lsp_dscoder.evaluate",
         "evaluate a model on held-out files (FIM, line exact match, perplexity)",
+    ),
+    "quantize": (
+        "lsp_dscoder.quantize",
+        "write an INT4 AWQ checkpoint (AutoAWQ GEMM format) from a bf16/fp16/fp32 one",
     ),
 }
 
