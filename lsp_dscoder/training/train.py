@@ -21,19 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
 
-from lsp_dscoder.training.batches import Batches, DataConfig, packed
+from lsp_dscoder.training.batches import Batches, DataConfig
 from lsp_dscoder.training.checkpoint import (
     SHAPES,
-    RopeSettings,
     llama_config,
     reload_check,
     round_to_bf16,
@@ -41,55 +38,9 @@ from lsp_dscoder.training.checkpoint import (
 )
 from lsp_dscoder.training.corpus import read_docs
 from lsp_dscoder.training.fim import FimPlacement, SpecialIds
+from lsp_dscoder.training.heldout import autocast, heldout_loss
+from lsp_dscoder.training.optim import TrainConfig, lr_at, optimizer
 from lsp_dscoder.training.probe import fim_probe, format_probe, probe_examples
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    data: DataConfig = field(default_factory=DataConfig)
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 200
-    weight_decay: float = 0.1
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    budget_s: float = 470.0  # from process start to the end of training
-    max_steps: int | None = None
-    compile: bool = True
-    rope: RopeSettings = field(default_factory=RopeSettings)
-    log_every: int = 50
-    junction_weight: float = 1.0  # loss weight of the first middle token and the middle's <eos>
-    probe_every: int = 500  # steps between infilling probes on held-out files (see probe.py)
-    probe_examples: int = 48  # per kind of hole
-
-    def __post_init__(self) -> None:
-        for name in ("warmup_steps", "log_every", "probe_every"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.data.seq_len > self.rope.max_position_embeddings:
-            raise ValueError(f"seq_len {self.data.seq_len} exceeds max_position_embeddings")
-        if self.junction_weight <= 0:
-            raise ValueError(f"junction_weight must be positive, got {self.junction_weight}")
-
-
-def lr_at(step: int, total_steps: int | None, cfg: TrainConfig) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    if total_steps is None:
-        return cfg.lr
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
-def optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]  # RMSNorm weights
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.beta2), fused=device.type == "cuda")
-
-
-def autocast(device: torch.device):
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 def junction_mask(x: torch.Tensor, ids: SpecialIds) -> torch.Tensor:
@@ -107,7 +58,7 @@ def junction_mask(x: torch.Tensor, ids: SpecialIds) -> torch.Tensor:
 
 
 def forward_backward(
-    model, x: torch.Tensor, device: torch.device, ids: SpecialIds, junction_weight: float
+    model: Any, x: torch.Tensor, device: torch.device, ids: SpecialIds, junction_weight: float
 ) -> torch.Tensor:
     """Backpropagate the next-token loss; returns the plain mean loss (what is logged).
 
@@ -116,43 +67,19 @@ def forward_backward(
     """
     with autocast(device):
         if junction_weight == 1:
-            loss = model(input_ids=x, labels=x).loss
-            loss.backward()
+            loss: torch.Tensor = model(input_ids=x, labels=x).loss
+            torch.autograd.backward(loss)
             return loss
         logits = model(input_ids=x).logits[:, :-1]
     nll = torch.nn.functional.cross_entropy(
         logits.float().flatten(0, 1), x[:, 1:].flatten(), reduction="none"
     ).view(x.shape[0], -1)
     weights = 1 + (junction_weight - 1) * junction_mask(x, ids).float()
-    (nll * weights).mean().backward()
+    torch.autograd.backward((nll * weights).mean())
     return nll.mean().detach()
 
 
-@torch.no_grad()
-def heldout_loss(
-    model, tok, texts: list[str], ids: SpecialIds, cfg: DataConfig, device, fim_rate: float
-) -> dict:
-    """Mean next-token loss over the held-out files packed into seq_len windows (seeded FIM draw)."""
-    groups = list(packed(tok, texts, ids, cfg, random.Random(cfg.seed + 7), fim_rate))
-    total, count = 0.0, 0
-    for rows in groups:
-        x = torch.from_numpy(np.stack(rows).astype(np.int64)).to(device)  # (B, T)
-        with autocast(device):
-            loss = model(input_ids=x, labels=x).loss
-        n = x.numel() - x.shape[0]  # predicted positions
-        total, count = total + loss.item() * n, count + n
-    chars = sum(map(len, texts))
-    tokens = sum(len(rows) * cfg.seq_len for rows in groups)  # the packing drops under a window's tail
-    mean = total / count
-    return {
-        "loss": mean,
-        "ppl": math.exp(mean),
-        "tokens": count,
-        "bits_per_char": mean * tokens / chars / math.log(2),
-    }
-
-
-def train(args: argparse.Namespace, cfg: TrainConfig, start: float) -> dict:
+def train(args: argparse.Namespace, cfg: TrainConfig, start: float) -> dict[str, Any]:
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
@@ -164,9 +91,11 @@ def train(args: argparse.Namespace, cfg: TrainConfig, start: float) -> dict:
     ids = SpecialIds.from_tokenizer(tok)
     texts = [d["text"] for d in read_docs(args.data / "train.jsonl.xz")]
     heldout = [d["text"] for d in read_docs(args.data / "heldout.jsonl.xz")][: args.heldout_limit]
+    model: Any
     if args.init is None:
         config = llama_config(SHAPES[args.shape], tok.get_vocab_size(), ids, cfg.rope)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(device)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")  # type: ignore[no-untyped-call]
+        model = model.to(device)
     else:  # continue training a saved checkpoint (its shape, not --shape)
         model = AutoModelForCausalLM.from_pretrained(
             args.init, dtype=torch.float32, attn_implementation="sdpa"
@@ -180,7 +109,7 @@ def train(args: argparse.Namespace, cfg: TrainConfig, start: float) -> dict:
     probes = (
         probe_examples(tok, heldout, cfg.probe_examples, seed=cfg.data.seed) if cfg.probe_examples else []
     )
-    probe_history: list[dict] = []
+    probe_history: list[dict[str, Any]] = []
     probe_s = 0.0  # time spent probing, left out of the training budget
 
     def probe(at_step: int) -> None:
