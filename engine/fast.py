@@ -42,6 +42,7 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 GEMM_CHOICES = ("auto", "cublas", "skinny")
 Graph = tuple[torch.cuda.CUDAGraph, torch.Tensor]  # a captured step and its logits buffer
 Progress = Callable[[str, int, int], None]
+Interrupted = Callable[[], bool]  # engine/generate.py's: asked between layers of an eager forward
 
 
 class FastRunner:
@@ -99,14 +100,24 @@ class FastRunner:
         return x @ w.T
 
     # -- the forward pass ------------------------------------------------------------------------------
-    def forward(self, ids: torch.Tensor, start: torch.Tensor, last: torch.Tensor, slot: int) -> torch.Tensor:
-        """ids (T,) at positions start..start+T-1 of `slot`; float32 logits (1, V) of token `last`."""
+    def forward(
+        self,
+        ids: torch.Tensor,
+        start: torch.Tensor,
+        last: torch.Tensor,
+        slot: int,
+        interrupted: Interrupted | None = None,
+    ) -> torch.Tensor | None:
+        """ids (T,) at positions start..start+T-1 of `slot`; float32 logits (1, V) of token `last`, or None
+        when `interrupted` (asked between layers) says stop."""
         cfg, w, cache, pdl = self.cfg, self.model.w, self.cache, self.pdl
         t = ids.shape[0]
         h = w.embed[ids]  # (T, C)
         residual, x = h, None
         seq_len = start + 1  # decode: the current token included
         for n, layer in enumerate(w.layers):
+            if interrupted is not None and interrupted():
+                return None
             if x is None:
                 x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps, pdl=pdl)
                 residual = h.clone()
@@ -131,20 +142,31 @@ class FastRunner:
         return (x.index_select(0, last) @ w.lm_head.T).float()  # (1, V): LM head on one row
 
     # -- Runner protocol -------------------------------------------------------------------------------
-    def prefill(self, ids: torch.Tensor, start: int, slot: int) -> torch.Tensor:
-        return self._step(ids, start, slot)
+    def prefill(
+        self, ids: torch.Tensor, start: int, slot: int, interrupted: Interrupted | None = None
+    ) -> torch.Tensor | None:
+        return self._step(ids, start, slot, interrupted)
 
-    def decode(self, token: int, pos: int, slot: int) -> torch.Tensor:
+    def decode(
+        self, token: int, pos: int, slot: int, interrupted: Interrupted | None = None
+    ) -> torch.Tensor | None:
         self.ids[0] = token
-        return self._step(self.ids[:1], pos, slot)
+        return self._step(self.ids[:1], pos, slot, interrupted)
 
-    def _step(self, ids: torch.Tensor, start: int, slot: int) -> torch.Tensor:
+    def _step(
+        self, ids: torch.Tensor, start: int, slot: int, interrupted: Interrupted | None
+    ) -> torch.Tensor | None:
+        """One graph replay (a unit: a few ms at most), or an eager forward that `interrupted` may stop
+        between layers; None when stopped, the rows it wrote not valid."""
+        if interrupted is not None and interrupted():
+            return None
         t = ids.shape[0]
         bucket = next((b for b in self.buckets if b >= t), None)
         if bucket is None or (slot, bucket) not in self.graphs:
             self.counts["eager_forwards"] += 1
             pos = torch.full((1,), start, dtype=torch.int32, device=ids.device)
-            return self.forward(ids, pos, torch.full((1,), t - 1, dtype=torch.long, device=ids.device), slot)
+            last = torch.full((1,), t - 1, dtype=torch.long, device=ids.device)
+            return self.forward(ids, pos, last, slot, interrupted)
         graph, logits = self.graphs[(slot, bucket)]
         if ids.data_ptr() != self.ids.data_ptr():
             self.ids[:t].copy_(ids, non_blocking=True)
@@ -192,6 +214,7 @@ class FastRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             logits = self.forward(self.ids[:bucket], self.start, self.last, slot)
+        assert logits is not None  # nothing interrupts a capture
         return graph, logits
 
     def _time_choices(

@@ -12,22 +12,13 @@ import torch.nn.functional as F
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.weights import Weights
+from lsp_dscoder.kernels.reference import rms_norm_ref as rms_norm_ref  # one RMSNorm for both paths
+from lsp_dscoder.kernels.reference import rope_cos_sin_full
 
 
 def rope_tables(cfg: ModelConfig, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin (length, D) in float32, with linear scaling (positions divided by the factor)."""
-    d = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
-    pos = torch.arange(length, device=device, dtype=torch.float32) / cfg.rope_scaling_factor
-    freqs = torch.outer(pos, inv_freq)  # (L, D/2)
-    emb = torch.cat([freqs, freqs], dim=-1)  # (L, D)
-    return emb.cos(), emb.sin()
-
-
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    """cos, sin (length, D) in float32, with linear scaling: the fast path's table (kernels/reference.py)."""
+    return rope_cos_sin_full(length, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, device)
 
 
 def apply_rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

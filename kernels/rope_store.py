@@ -14,6 +14,7 @@ import triton.language as tl
 
 from .contract import FLOAT_DTYPES, check_head_dim, check_out, check_position, check_tensor
 from .pdl import check_pdl, launch_options, pdl_enter
+from .reference import rope_cos_sin as rope_cos_sin  # the one table; re-exported for the launchers' callers
 
 # Tokens per program: a (16, D/2) tile per half-head, a few KB in flight.
 _MAX_BLOCK_T = 16
@@ -123,23 +124,6 @@ def rope_store(
         **launch_options(pdl),
     )
     return out
-
-
-def rope_cos_sin(
-    max_ctx: int, head_dim: int, theta: float, scaling_factor: float, device: torch.device | str
-) -> torch.Tensor:
-    """(max_ctx, head_dim) fp32: cos in the first half, sin in the second, for positions 0..max_ctx-1.
-
-    Computed as Hugging Face's LlamaRotaryEmbedding does for rope_type "default" (scaling_factor 1.0) and
-    "linear" (inverse frequencies divided by the factor, the same as positions / factor), same fp32 steps."""
-    if max_ctx < 1 or head_dim < 2 or head_dim % 2:
-        raise ValueError(f"need max_ctx >= 1 and an even head_dim, got {max_ctx}, {head_dim}")
-    if not (theta > 0.0 and scaling_factor > 0.0):
-        raise ValueError(f"theta and scaling_factor must be > 0, got {theta}, {scaling_factor}")
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    inv_freq = (inv_freq / scaling_factor).to(device)  # (D/2,)
-    freqs = torch.arange(max_ctx, device=device).float()[:, None] * inv_freq[None, :]  # (max_ctx, D/2)
-    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).contiguous()
 
 
 def rope_store_ref(

@@ -98,3 +98,18 @@ def test_bad_runner_options(tiny_model: Path) -> None:
     runner = FastRunner(model, cache, graphs=False, pdl=True)
     with pytest.raises(ValueError, match="pdl needs a compiled launch on an sm_90"):
         runner.prefill(torch.tensor([1, 2]), 0, 0)
+
+
+def test_interrupted_step_returns_none(tiny_model: Path) -> None:
+    model, cache = build(tiny_model)
+    runner = FastRunner(model, cache, graphs=False)
+    calls = []
+
+    def stop_at_second_layer() -> bool:
+        calls.append(1)
+        return len(calls) >= 2
+
+    assert runner.prefill(torch.tensor([1, 2, 3]), 0, 0, stop_at_second_layer) is None
+    assert len(calls) == 2  # once before the step, once before the second layer
+    assert runner.decode(4, 3, 0, lambda: True) is None
+    assert runner.decode(4, 3, 0, lambda: False) is not None

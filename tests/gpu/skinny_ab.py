@@ -30,7 +30,7 @@ VARIANTS: dict[str, tuple[str, bool | None]] = {
     "before": ("cublas", False),
     "cuBLAS+PDL": ("cublas", True),
     "skinny+PDL": ("skinny", True),
-    "auto": ("auto", None),
+    "auto": ("auto", False),
 }
 
 
