@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     from lsp_dscoder.bench_protocol import Key
 
 REQUEST_CANCELLED = -32800
-# The server's count of decode steps between the first sampled token and the first partial, under the
-# names its log line may give it.
-STEPS_KEYS = ("stepsBeforePartial", "decodeStepsBeforePartial", "stepsToFirstPartial", "invisibleSteps")
+# The engine's count of decode steps after the first sampled token before the first visible text
+# (`CompletionStats.steps_to_text`), under the names the server's log line may give it.
+STEPS_KEYS = ("stepsToText", "steps_to_text", "stepsBeforePartial")
 ROWS = (
     ("round_trip_ms", "bare round trip (dscoder/stats)"),
     ("client_engine_ms", "client: first partial, engine keystrokes"),
