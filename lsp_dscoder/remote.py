@@ -72,7 +72,7 @@ class RemoteConfig:
     connect_timeout_s: float = 2.0
     first_token_timeout_s: float = 10.0
     read_timeout_s: float = 5.0
-    extra: Mapping[str, Any] = field(default_factory=dict)  # more request fields (benchmarks, tests)
+    extra: Mapping[str, Any] = field(default_factory=dict)  # more request fields (the remoteRequest setting)
 
     def __post_init__(self) -> None:
         Endpoint.parse(self.endpoint)  # ValueError naming the bad URL
@@ -216,8 +216,7 @@ class RemoteBackend:
             body["seed"] = p.seed
         if self.config.token_ids:  # ask for the generated ids: llama.cpp logprobs ids, vLLM token ids
             body.update(logprobs=1, return_token_ids=True, return_tokens_as_token_ids=True)
-        body.update(self.config.extra)
-        return body
+        return {**self.config.extra, **body}  # the extra fields cannot change what the backend relies on
 
     def _as_text(self, ids: list[int]) -> str:
         if ids and ids[0] == self.tokenizer.bos_id:
@@ -397,6 +396,7 @@ def open_remote(
         connect_timeout_s=settings.connect_timeout_ms / 1000.0,
         first_token_timeout_s=settings.first_token_timeout_ms / 1000.0,
         read_timeout_s=settings.read_timeout_ms / 1000.0,
+        extra=dict(settings.remote_request or {}),
     )
     log.info("remote backend: %s (tokenizer %s)", config.endpoint, config.tokenizer)
     return RemoteBackend(config, on_loop)

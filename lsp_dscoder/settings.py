@@ -84,10 +84,12 @@ class Settings:
     connect_timeout_ms: int = 2000  # remote: opening a connection
     first_token_timeout_ms: int = 10_000  # remote: from the request to the first streamed chunk
     read_timeout_ms: int = 5000  # remote: between two streamed chunks
+    remote_request: Mapping[str, Any] | None = None  # remote: more body fields, e.g. {"top_k": 1}
 
     ENGINE_FIELDS = (
         "model", "device", "dtype", "max_context", "num_slots", "backend", "endpoint", "remote_model",
         "api_key_env", "remote_prompt", "connect_timeout_ms", "first_token_timeout_ms", "read_timeout_ms",
+        "remote_request",
     )  # fmt: skip
 
     def engine_key(self) -> tuple[Any, ...]:
@@ -147,6 +149,12 @@ def _name(value: Any) -> str:
     return value
 
 
+def _json_object(value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ValueError(f"expected an object of request fields, got {value!r}")
+    return dict(value)
+
+
 def _path(value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"expected a folder path, got {value!r}")
@@ -179,6 +187,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "connect_timeout_ms": _int_in(1, 600_000),
     "first_token_timeout_ms": _int_in(1, 600_000),
     "read_timeout_ms": _int_in(1, 600_000),
+    "remote_request": _optional(_json_object),
 }
 _BY_CAMEL = {_camel(name): name for name in _CHECKS}
 DEFAULTS = Settings()

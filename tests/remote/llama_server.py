@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -75,6 +76,15 @@ class LlamaServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def released_at_last_cancel(self) -> int:
+        """Tokens in the slot when llama.cpp released the last task it cancelled (prompt + generated)."""
+        task = re.findall(r"cancel task, id_task = (\d+)", self.log())[-1]
+        deadline = time.monotonic() + 10
+        while not (found := re.findall(rf"task {task} \| stop processing: n_tokens = (\d+)", self.log())):
+            assert time.monotonic() < deadline, f"llama.cpp did not release task {task}"
+            time.sleep(0.01)
+        return int(found[-1])
 
     def complete(self, ids: list[int], max_tokens: int, **extra: Any) -> dict[str, Any]:
         """A direct, non-streamed greedy completion: the reference our server's results must equal."""
