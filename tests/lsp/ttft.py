@@ -7,6 +7,10 @@ received. The server's record of the same request gives the engine's TTFT (gener
 token), the queue wait and the time spent building the prompt. Two workloads: a fresh position per
 request (the suffix and part of the prefix are prefilled), and typing (a keystroke per request, the
 previous one cancelled: one or two tokens prefilled). Prints a table; asserts nothing.
+
+This drives the server through pytest-lsp (a pygls client) and is what the editor-session test reuses;
+the benchmark the project reports is `lsp-dscoder bench --protocol`, whose raw JSON-RPC client adds no
+client library's time (docs/benchmarks.md).
 """
 
 from __future__ import annotations
