@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Generator
 from concurrent.futures import Future
 from typing import Any
 
@@ -17,6 +18,7 @@ from pygls.exceptions import (
 )
 from pygls.protocol import LanguageServerProtocol
 from pygls.protocol.json_rpc import JsonRPCNotification, JsonRPCRequestMessage, JsonRPCResponseMessage
+from pygls.protocol.language_server import lsp_method
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,26 @@ class DscoderProtocol(LanguageServerProtocol):
             self._send_response(msg_id, error=error.to_response_error())
             return
         super()._send_handler_result(future, msg_id=msg_id)
+
+    @lsp_method(types.SHUTDOWN)
+    def lsp_shutdown(self, *args: Any) -> Generator[Any, Any, None]:
+        """pygls' own, except that it iterates over a copy: cancelling a request's future runs callbacks
+        that remove it from the dict (shutdown while the model loads failed with an internal error)."""
+        if (handler := self.fm.features.get(types.SHUTDOWN)) is not None:
+            yield handler, args, None
+        current = self.msg_id
+        for msg_id, future in list(self._request_futures.items()):
+            if msg_id != current and not future.done():
+                future.cancel()
+        self._shutdown = True
+
+    def _run_generator(self, future: Future[Any] | None, *, gen: Any, result_future: Future[Any]) -> None:
+        # pygls resumes a generator handler (e.g. `initialized`) with the result of the step it waited
+        # for; a step cancelled at shutdown would raise CancelledError out of the loop's callback.
+        if future is not None and future.cancelled():
+            result_future.cancel()
+            return
+        super()._run_generator(future, gen=gen, result_future=result_future)
 
     def warm(self) -> None:
         """Have cattrs generate the (un)structuring code of the per-keystroke messages now."""

@@ -254,7 +254,8 @@ def serve_tcp(server: JsonRPCServer, host: str, port: int) -> None:
         try:
             listener = await loop.create_server(connection, host, port)
         except OSError as exc:
-            raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
         log.info("listening on %s:%d", host, port)
         try:
             await done
