@@ -137,6 +137,7 @@ class FastRunner:
             x = rms_norm(o, layer.post_norm, cfg.rms_norm_eps, residual=residual, pdl=pdl)  # += attn out
             gate_up = self.linear(x, layer.w_gate_up, aq.w_gate_up if aq else None)  # (T, 2I)
             x = self.linear(silu_mul(gate_up, pdl=pdl), layer.w_down, aq.w_down if aq else None)  # (T, C)
+        assert x is not None  # set by the first layer; a model has at least one
         x = rms_norm(x, w.norm, cfg.rms_norm_eps, residual=residual, pdl=pdl)  # (T, C)
         # The LM head stays on cuBLAS: at 32K rows it streams near copy bandwidth there (docs/kernels.md).
         return (x.index_select(0, last) @ w.lm_head.T).float()  # (1, V): LM head on one row
@@ -180,7 +181,7 @@ class FastRunner:
     def capture(self, progress: Progress | None = None) -> None:
         todo = [(s, b) for s in range(len(self.cache.slots)) for b in self.buckets]
         self.start.zero_()
-        side = torch.cuda.Stream()
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for b in self.buckets:  # eager runs compile the Triton kernels (and set up cuBLAS) per shape
@@ -189,16 +190,16 @@ class FastRunner:
                     self.skinny = choice == "skinny"
                     self.forward(self.ids[:b], self.start, self.last, 0)
         torch.cuda.current_stream().wait_stream(side)
-        pool = torch.cuda.graph_pool_handle()
+        self.pool = torch.cuda.graph_pool_handle()  # one memory pool for every graph of this runner
         # Graphs that lost a timing stay alive until every capture into the shared pool is done: freeing
         # the only graphs of a pool releases it, and a later capture into it fails.
         losers: list[Graph] = []
         for i, (slot, b) in enumerate(todo):
             if b in self.chosen:
                 self.skinny = self.chosen[b] == "skinny"
-                self.graphs[(slot, b)] = self._capture_one(b, slot, pool)
+                self.graphs[(slot, b)] = self._capture_one(b, slot)
             else:
-                self.chosen[b], self.graphs[(slot, b)] = self._time_choices(b, slot, pool, losers)
+                self.chosen[b], self.graphs[(slot, b)] = self._time_choices(b, slot, losers)
             if progress:
                 progress("capturing CUDA graphs", i + 1, len(todo))
         self.skinny = self.gemm != "cublas"
@@ -210,26 +211,25 @@ class FastRunner:
             return ("cublas",)
         return ("cublas", "skinny") if self.gemm == "auto" else ("skinny",)
 
-    def _capture_one(self, bucket: int, slot: int, pool: tuple[int, int]) -> Graph:
+    def _capture_one(self, bucket: int, slot: int) -> Graph:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=self.pool):
             logits = self.forward(self.ids[:bucket], self.start, self.last, slot)
         assert logits is not None  # nothing interrupts a capture
         return graph, logits
 
-    def _time_choices(
-        self, bucket: int, slot: int, pool: tuple[int, int], losers: list[Graph]
-    ) -> tuple[str, Graph]:
+    def _time_choices(self, bucket: int, slot: int, losers: list[Graph]) -> tuple[str, Graph]:
         """The GEMM choice whose graph replays fastest for this bucket (median of 9 timed replays), and
         that graph; the others go to `losers`."""
         timed: dict[str, tuple[float, Graph]] = {}
         self.last.fill_(bucket - 1)  # the timed replays run: `last` must index this bucket's rows
         for choice in self._choices(bucket):
             self.skinny = choice == "skinny"
-            captured = self._capture_one(bucket, slot, pool)
+            captured = self._capture_one(bucket, slot)
             samples = []
             for rep in range(12 if len(self._choices(bucket)) > 1 else 0):
-                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 begin.record()
                 captured[0].replay()
                 end.record()
