@@ -43,6 +43,7 @@ class QuantizeOptions:
     method: str = "awq"
     seq_len: int = 512
     max_sequences: int = 16
+    grid: int = 20  # alphas tried by the search: 0, 1/grid, ..., (grid - 1)/grid
     device: str = "cpu"
     shard_bytes: int = SHARD_BYTES
 
@@ -52,15 +53,17 @@ class QuantizeOptions:
             raise ValueError(f"group_size must be 32, 64 or 128, got {self.group_size}")
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-        if self.seq_len < 2 or self.max_sequences < 1:
-            raise ValueError("seq_len must be >= 2 and max_sequences >= 1")
+        if self.seq_len < 2 or self.max_sequences < 1 or self.grid < 1:
+            raise ValueError("seq_len must be >= 2, max_sequences and grid >= 1")
 
 
 def calibration_ids(tok: Tokenizer, texts: list[str], opts: QuantizeOptions) -> list[torch.Tensor]:
     """Token sequences of up to seq_len, cut from the texts in order, at most max_sequences of them."""
     seqs: list[torch.Tensor] = []
+    # A token is at least one character: no need to encode more of a text than could be used.
+    budget = opts.seq_len * opts.max_sequences
     for text in texts:
-        ids = tok.encode(text)
+        ids = tok.encode(text[:budget])
         for i in range(0, len(ids) - 1, opts.seq_len):
             if len(seqs) == opts.max_sequences:
                 return seqs
@@ -117,7 +120,7 @@ def quantize_checkpoint(
             get(p + "input_layernorm.weight"),
             get(p + "post_attention_layernorm.weight"),
         )
-        hidden, made = run_layer(cfg, layer, hidden, opts.group_size, opts.method == "awq")
+        hidden, made = run_layer(cfg, layer, hidden, opts.group_size, opts.method == "awq", opts.grid)
         choices += made
         tensors[p + "input_layernorm.weight"] = layer.input_norm.half()
         tensors[p + "post_attention_layernorm.weight"] = layer.post_norm.half()
@@ -186,7 +189,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        opts = QuantizeOptions(args.group_size, args.method, args.seq_len, args.sequences, args.device)
+        opts = QuantizeOptions(
+            group_size=args.group_size,
+            method=args.method,
+            seq_len=args.seq_len,
+            max_sequences=args.sequences,
+            device=args.device,
+        )
         texts = None
         if args.calibration:
             texts = [f.read_text(encoding="utf-8", errors="replace") for f in args.calibration]

@@ -75,7 +75,12 @@ class DenseLayer:
 
 
 def run_layer(
-    cfg: ModelConfig, layer: DenseLayer, hidden: list[torch.Tensor], group: int, search: bool
+    cfg: ModelConfig,
+    layer: DenseLayer,
+    hidden: list[torch.Tensor],
+    group: int,
+    search: bool,
+    grid: int = GRID,
 ) -> tuple[list[torch.Tensor], list[ScaleChoice]]:
     """Fold the searched scales into `layer` (in place) and return the next layer's hidden states, computed
     with the full-precision layer, and the choices made. Without `search` nothing is scaled (RTN)."""
@@ -113,7 +118,7 @@ def run_layer(
     if kvh == h_:  # with GQA one v_proj row feeds several o_proj columns: no single scale per row
         plan.append(("o", ("o_proj",), "v_proj"))
     for key, names, into in plan:
-        choice = search_scales(torch.cat(acts[key]), [lin[n] for n in names], group)
+        choice = search_scales(torch.cat(acts[key]), [lin[n] for n in names], group, grid)
         for n in names:
             lin[n] = lin[n] * choice.scales  # (out, in) columns times s
         if into == "input_norm":
