@@ -16,7 +16,7 @@ class StopReason(enum.Enum):
     DEADLINE = "deadline"
     CANCELLED = "cancelled"
     CONTEXT_FULL = "context_full"
-    ERROR = "error"
+    ERROR = "error"  # a backend that reports failures as results (the remote one); see Completion.error
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,10 @@ class CompletionRequest:
 
     `heal_text` is token healing: the caller left the prompt's last token(s) out, and generation is
     constrained to tokens that spell that text first, so that the model can pick the token the text
-    belongs to (`self.va` continues as `value`, not as `va` + `lue`). The healed characters are not
-    part of the completion's text; the tokens that spell them are in its `token_ids`.
+    belongs to (`self.va` continues as `value`, not as `va` + `lue`): a token that spells all of it
+    when one exists, else one that spells a part. The healed characters are not part of the
+    completion's text; the tokens that spell them are in its `token_ids`. The engine may heal one more
+    prompt token itself (`TokenEvent.rewound`) when that saves running the model on it.
 
     `deadline` is an absolute `time.monotonic()` value; generation stops with
     StopReason.DEADLINE once it passes. `slot_key` (e.g. a document URI) is a hint: the slot with the
@@ -69,6 +71,9 @@ class TokenEvent:
     token_id: int | None
     text: str
     piece: str | None = None  # the token's own text as decoded, healed characters included; None: flush
+    # prompt tokens (at its end) this token spells again: the engine healed them from cached logits
+    # instead of running the model on them. Only the first event carries it.
+    rewound: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,9 @@ class CompletionStats:
     total_s: float
     stop_reason: StopReason
     slot: int
+    # decode steps run after the first sampled token before the first visible text (0: the first token
+    # was visible); None when no text was produced. Token healing's cost, in forwards.
+    steps_to_text: int | None = None
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -95,4 +103,4 @@ class Completion:
     text: str
     token_ids: tuple[int, ...]
     stats: CompletionStats
-    error: str | None = None
+    error: str | None = None  # set only with StopReason.ERROR (the local engine raises instead)

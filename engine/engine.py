@@ -21,22 +21,14 @@ from lsp_dscoder.engine.api import Completion, CompletionRequest, StopReason, To
 from lsp_dscoder.engine.checkpoint import resolve_model
 from lsp_dscoder.engine.config import EngineConfig, ModelConfig
 from lsp_dscoder.engine.errors import CheckpointError, ContextOverflowError, EngineClosedError, EngineError
-from lsp_dscoder.engine.generate import generate
+from lsp_dscoder.engine.factory import assemble
+from lsp_dscoder.engine.generate import Interrupted, generate
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.engine.weights import load_weights
 
 log = logging.getLogger(__name__)
-
-
-def _triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
 
 Progress = Callable[[str, int, int], None]
 
@@ -56,7 +48,7 @@ class CompletionHandle:
         self._wakers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
     def cancel(self) -> None:
-        """Ask the engine to stop at the next check (between decode steps or prefill chunks)."""
+        """Ask the engine to stop at the next check (between layers, decode steps or prefill chunks)."""
         self._cancel.set()
 
     @property
@@ -142,69 +134,30 @@ class CompletionHandle:
 
 
 class ReferenceRunner:
-    """Plain PyTorch on any device: the oracle."""
+    """Plain PyTorch on any device: the oracle. Stops between layers when `interrupted` says so."""
 
     def __init__(self, model: Transformer, cache: KVCache) -> None:
         self.model, self.cache = model, cache
 
-    def prefill(self, ids: torch.Tensor, start: int, slot: int) -> torch.Tensor:
-        return self.model.forward_reference(ids, start, self.cache, slot)
+    def prefill(
+        self, ids: torch.Tensor, start: int, slot: int, interrupted: Interrupted | None = None
+    ) -> torch.Tensor | None:
+        return self.model.forward_interruptible(ids, start, self.cache, slot, interrupted=interrupted)
 
-    def decode(self, token: int, pos: int, slot: int) -> torch.Tensor:
+    def decode(
+        self, token: int, pos: int, slot: int, interrupted: Interrupted | None = None
+    ) -> torch.Tensor | None:
         ids = torch.tensor([token], dtype=torch.long, device=self.model.device)
-        return self.model.forward_reference(ids, pos, self.cache, slot)
+        return self.model.forward_interruptible(ids, pos, self.cache, slot, interrupted=interrupted)
 
 
 class Engine:
+    """Loads the model on its own thread, which then serves every request: torch work stays on one
+    thread, so there is one OpenMP thread pool (a pool per thread would make each parallel op wake the
+    other's sleeping threads). The constructor waits for the load and raises its error."""
+
     def __init__(self, config: EngineConfig, progress: Progress | None = None) -> None:
         self.config = config
-        report = progress or (lambda stage, done, total: None)
-        folder = resolve_model(config.model)
-        self.model_path = folder
-        report("reading config", 0, 1)
-        self.model_config = ModelConfig.from_file(folder / "config.json")
-        self.tokenizer = Tokenizer(folder)
-        if self.tokenizer.vocab_size > self.model_config.vocab_size:
-            raise CheckpointError(
-                f"tokenizer has {self.tokenizer.vocab_size} tokens "
-                f"but the model only {self.model_config.vocab_size}"
-            )
-        self.tokenizer.prepare_healing()  # token healing's vocabulary index, before the first keystroke
-        self.device = torch.device(config.device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise EngineError(f"device {config.device} requested but CUDA is not available here")
-        weights = load_weights(folder, self.model_config, self.device, config.torch_dtype, report)
-        self.max_context = config.max_context
-        report("allocating KV cache", 0, 1)
-        fast = config.fast_path
-        head_dim = self.model_config.head_dim
-        kernels_fit = head_dim >= 16 and head_dim & (head_dim - 1) == 0  # Triton tiles span a whole head
-        if fast is None:
-            fast = self.device.type == "cuda" and _triton_available() and kernels_fit
-        elif fast and (self.device.type != "cuda" or not kernels_fit):
-            raise EngineError(
-                "the fast path needs a CUDA device and a head_dim that is a power of two >= 16 "
-                f"(device {config.device}, head_dim {head_dim}); use the reference path"
-            )
-        if fast:  # imported here: Triton is an optional dependency, needed only on CUDA
-            from lsp_dscoder.engine.fast import BUCKETS, FastRunner
-        pad = max(BUCKETS) if fast else 0
-        self.cache = KVCache(
-            self.model_config, config.num_slots, config.max_context, self.device, config.torch_dtype, pad=pad
-        )
-        self.model = Transformer(self.model_config, weights, self.cache.capacity)
-        self.runner = ReferenceRunner(self.model, self.cache)
-        self.fast_path = False
-        if fast:
-            try:
-                runner = FastRunner(self.model, self.cache)
-                runner.capture(report)
-                self.runner, self.fast_path = runner, True
-            except Exception as e:  # a kernel that fails to build here must not cost the user the engine
-                if config.fast_path:
-                    raise EngineError(f"the fast path failed to start: {e}") from e
-                log.error("fast path unavailable (%s); serving with the reference path", e)
-        report("ready", 1, 1)
         self._queue: queue.Queue[CompletionHandle | None] = queue.Queue()
         self._closed = False
         self._lock = threading.Lock()
@@ -222,8 +175,61 @@ class Engine:
             0,
         )
         self._ttfts: deque[float] = deque(maxlen=1000)
-        self._thread = threading.Thread(target=self._loop, name="lsp-dscoder-engine", daemon=True)
+        loaded = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self._load(progress or (lambda stage, done, total: None))
+            except BaseException as e:  # handed to the constructor, which raises it
+                failure.append(e)
+                return
+            finally:
+                loaded.set()
+            self._loop()
+
+        self._thread = threading.Thread(target=run, name="lsp-dscoder-engine", daemon=True)
         self._thread.start()
+        loaded.wait()
+        if failure:
+            self._thread.join()
+            raise failure[0]
+
+    def _load(self, report: Progress) -> None:
+        config = self.config
+        folder = resolve_model(config.model)
+        report("reading config", 0, 1)
+        self.model_config = ModelConfig.from_file(folder / "config.json")
+        self.tokenizer = Tokenizer(folder)
+        if self.tokenizer.vocab_size > self.model_config.vocab_size:
+            raise CheckpointError(
+                f"tokenizer has {self.tokenizer.vocab_size} tokens "
+                f"but the model only {self.model_config.vocab_size}"
+            )
+        self.tokenizer.prepare_healing()  # token healing's vocabulary index, before the first keystroke
+        self.device = torch.device(config.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise EngineError(f"device {config.device} requested but CUDA is not available here")
+        weights = load_weights(folder, self.model_config, self.device, config.torch_dtype, report)
+        self.max_context = config.max_context
+        report("allocating KV cache", 0, 1)
+        built = assemble(
+            self.model_config,
+            weights,
+            num_slots=config.num_slots,
+            max_context=config.max_context,
+            device=self.device,
+            dtype=config.torch_dtype,
+            fast_path=config.fast_path,
+            progress=report,
+        )
+        self.cache, self.model, self.runner, self.fast_path = (
+            built.cache,
+            built.model,
+            built.runner,
+            built.fast_path,
+        )
+        report("ready", 1, 1)
 
     def submit(self, request: CompletionRequest) -> CompletionHandle:
         """Queue a request; returns at once. Raises ContextOverflowError / EngineError on bad input."""

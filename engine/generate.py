@@ -1,8 +1,9 @@
 """The hot path: prefill the tokens the cache lacks, then decode one token at a time.
 
-`generate` reads top to bottom: match a cache slot, prefill in chunks (checking cancel/deadline between
-chunks), then sample / stream / feed back until a stop condition. The arithmetic is a `Runner`'s: the
-reference path (any device) or the fast path (CUDA).
+`generate` reads top to bottom: match a cache slot, plan where decoding starts (`plan`), prefill in
+chunks (checking cancel/deadline between chunks and, inside a forward, between layers), then sample /
+stream / feed back until a stop condition. The arithmetic is a `Runner`'s: the reference path (any
+device) or the fast path (CUDA).
 """
 
 from __future__ import annotations
@@ -10,21 +11,34 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from lsp_dscoder.engine.api import Completion, CompletionRequest, CompletionStats, StopReason, TokenEvent
-from lsp_dscoder.engine.kv_cache import KVCache
+from lsp_dscoder.engine.kv_cache import KVCache, Match
 from lsp_dscoder.engine.tokenizer import Tokenizer
+
+MAX_REWOUND_HEAL = 32  # characters: healing longer text than this is not worth a saved prefill
+
+
+Interrupted = Callable[[], bool]
 
 
 class Runner(Protocol):
-    def prefill(self, ids: torch.Tensor, start: int, slot: int) -> torch.Tensor:
+    """The arithmetic of one forward. `interrupted` is asked between layers (reference path) or graph
+    replays (fast path); when it says so the forward stops early and returns None, its rows not valid."""
+
+    def prefill(
+        self, ids: torch.Tensor, start: int, slot: int, interrupted: Interrupted | None = None
+    ) -> torch.Tensor | None:
         """Run ids (T,) at positions start.. of slot; logits (1, V) float32 of the last position."""
         ...
 
-    def decode(self, token: int, pos: int, slot: int) -> torch.Tensor:
+    def decode(
+        self, token: int, pos: int, slot: int, interrupted: Interrupted | None = None
+    ) -> torch.Tensor | None:
         """Run one token at position pos; logits (1, V) float32."""
         ...
 
@@ -75,6 +89,33 @@ class StopStringFilter:
         return self._release(len(self.text))
 
 
+@dataclass(frozen=True)
+class Start:
+    """Where decoding starts: the prompt still to run, the text left to heal, the logits to sample
+    first (None: after the prefill), and how many prompt tokens were moved into the healing."""
+
+    prompt: tuple[int, ...]
+    heal: str
+    logits: torch.Tensor | None
+    rewound: int
+
+
+def plan(request: CompletionRequest, match: Match, tokenizer: Tokenizer) -> Start:
+    """Skip the 1-token prefill of a prompt whose last token is cached without its logits while the
+    token before has them: heal that token's text instead (the first sampled token spells it again,
+    usually together with the suggestion's first characters)."""
+    prompt, heal = request.prompt_ids, request.heal_text
+    n = len(prompt)
+    if match.cached_logits is not None or match.reused != n - 1 or n < 2:
+        return Start(prompt, heal, match.cached_logits, 0)
+    before = match.slot.logits_at(n - 2)
+    text = tokenizer.decode([prompt[-1]])
+    healable = bool(text) and "\ufffd" not in text and len(text + heal) <= MAX_REWOUND_HEAL
+    if before is None or not healable or not tokenizer.can_heal(text + heal):
+        return Start(prompt, heal, None, 0)
+    return Start(prompt[:-1], text + heal, before, 1)
+
+
 def generate(
     request: CompletionRequest,
     runner: Runner,
@@ -86,7 +127,7 @@ def generate(
     queued_at: float,
 ) -> Completion:
     started = time.perf_counter()
-    prompt, params = request.prompt_ids, request.params
+    params = request.params
     device = cache.buffer.device
 
     def interrupted() -> StopReason | None:
@@ -96,21 +137,26 @@ def generate(
             return StopReason.DEADLINE
         return None
 
+    def stale() -> bool:  # asked inside a forward: stop it rather than finish work nobody will read
+        return interrupted() is not None
+
     # 1. Prefix reuse: only the tokens after the longest common prefix are prefilled.
-    match = cache.match(prompt, request.slot_key)
-    slot, pos, logits = match.slot, match.reused, match.cached_logits
-    slot.logits = {p: t for p, t in slot.logits.items() if p == len(prompt) - 1}
+    match = cache.match(request.prompt_ids, request.slot_key)
+    slot = match.slot
+    begin = plan(request, match, tokenizer)
+    prompt, logits, pos = begin.prompt, begin.logits, len(slot.tokens)
     stop = interrupted()
     while stop is None and pos < len(prompt):
         n = min(prefill_chunk, len(prompt) - pos)
         ids = torch.tensor(prompt[pos : pos + n], dtype=torch.long, device=device)  # (n,)
-        logits = runner.prefill(ids, pos, slot.index)
-        slot.tokens.extend(prompt[pos : pos + n])  # kept even if cancelled next
+        logits = runner.prefill(ids, pos, slot.index, stale)
+        if logits is None:
+            stop = interrupted() or StopReason.CANCELLED
+            break
+        slot.extend(prompt[pos : pos + n], logits if pos + n == len(prompt) else None)  # kept if cancelled
         pos += n
         stop = interrupted()
     prefilled = pos - match.reused
-    if logits is not None and pos == len(prompt):
-        slot.logits[pos - 1] = logits
 
     # 2. Decode: sample, stream, feed the token back (its K/V stays cached for the next request).
     gen = torch.Generator(device="cpu").manual_seed(params.seed) if params.seed is not None else None
@@ -118,8 +164,10 @@ def generate(
     out: list[int] = []
     ttft: float | None = None
     first_at = time.perf_counter()
-    heal = request.heal_text  # still to be spelled by the generated tokens, and not emitted
+    steps, steps_to_text = 0, None  # forwards after the first sample; those before visible text
+    heal = begin.heal  # still to be spelled by the generated tokens, and not emitted
     while stop is None:
+        assert logits is not None
         if len(out) >= params.max_tokens:
             stop = StopReason.MAX_TOKENS
             break
@@ -140,7 +188,10 @@ def generate(
             n = min(len(heal), len(piece))
             heal, visible = heal[n:], piece[n:]
         text, hit = stops.push(visible)
-        emit(TokenEvent(index=len(out) - 1, token_id=token, text=text, piece=piece))
+        if text and steps_to_text is None:
+            steps_to_text = steps
+        rewound = begin.rewound if len(out) == 1 else 0
+        emit(TokenEvent(index=len(out) - 1, token_id=token, text=text, piece=piece, rewound=rewound))
         if hit:
             stop = StopReason.STOP_STRING
         elif len(out) >= params.max_tokens:
@@ -150,18 +201,23 @@ def generate(
         else:
             stop = interrupted()
         if stop is None:
-            logits = runner.decode(token, pos, slot.index)
-            slot.tokens.append(token)
-            slot.logits[pos] = logits
+            logits = runner.decode(token, pos, slot.index, stale)
+            steps += 1
+            if logits is None:
+                stop = interrupted() or StopReason.CANCELLED
+                break
+            slot.extend((token,), logits)
             pos += 1
     if stop is not StopReason.STOP_STRING:
         tail = stops.push(decoder.flush())[0] + stops.flush()
         if tail:
+            if steps_to_text is None:
+                steps_to_text = steps
             emit(TokenEvent(index=len(out), token_id=None, text=tail))
     done = time.perf_counter()
     decode_s = done - first_at
     stats = CompletionStats(
-        prompt_tokens=len(prompt),
+        prompt_tokens=len(request.prompt_ids),
         reused_tokens=match.reused,
         prefilled_tokens=prefilled,
         generated_tokens=len(out),
@@ -171,5 +227,6 @@ def generate(
         total_s=done - started,
         stop_reason=stop,
         slot=slot.index,
+        steps_to_text=steps_to_text,
     )
     return Completion(text=stops.text[: stops.emitted], token_ids=tuple(out), stats=stats)

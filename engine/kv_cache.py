@@ -3,26 +3,51 @@
 Layout: one tensor (layers, 2, slots, KVH, capacity, D); for a layer and slot, K and V are each
 (KVH, capacity, D), contiguous. `capacity` is the max context plus `pad` rows so that a padded,
 fixed-size prefill (CUDA graph bucket) never writes past the end.
+
+A `Slot` is the one owner of what its rows hold: tokens enter it only through `extend` (after the
+forward that wrote their K/V), leave it through `truncate`, and `match` measures what a prompt reuses.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from lsp_dscoder.engine.config import ModelConfig
 
+# Logits kept per slot (the newest positions): enough for a whole suggestion typed through.
+MAX_CACHED_LOGITS = 192
+
 
 @dataclass
 class Slot:
     index: int
-    tokens: list[int] = field(default_factory=list)  # ids whose K/V rows [0, len) are valid
-    # logits (V,) computed at a position, kept for the last prompt/generated positions so that a
-    # prompt that ends inside cached tokens (typing through a suggestion) needs no prefill at all.
+    # ids whose K/V rows [0, len) are valid; read-only outside this class
+    tokens: list[int] = field(default_factory=list)
+    # logits (1, V) computed at a position, kept for prompt ends and generated positions so that a
+    # prompt ending inside cached tokens (typing through a suggestion) needs no prefill at all.
     logits: dict[int, torch.Tensor] = field(default_factory=dict)
     key: str | None = None
     last_used: int = 0
+
+    def match(self, prompt: Sequence[int]) -> int:
+        """Length of the longest common prefix of the cached tokens and `prompt`."""
+        n = min(len(self.tokens), len(prompt))
+        i = 0
+        while i < n and self.tokens[i] == prompt[i]:
+            i += 1
+        return i
+
+    def extend(self, tokens: Sequence[int], logits: torch.Tensor | None = None) -> None:
+        """Tokens whose K/V rows were just written after the cached ones; `logits` are the model's
+        output at the last of them (kept for a later prompt that ends there)."""
+        self.tokens.extend(tokens)
+        if logits is not None:
+            self.logits[len(self.tokens) - 1] = logits
+            if len(self.logits) > MAX_CACHED_LOGITS:
+                del self.logits[min(self.logits)]
 
     def truncate(self, n: int) -> None:
         """Keep only the first n cached tokens (the rest will be overwritten)."""
@@ -30,20 +55,16 @@ class Slot:
         for pos in [p for p in self.logits if p >= n]:
             del self.logits[pos]
 
+    def logits_at(self, pos: int) -> torch.Tensor | None:
+        """The cached logits after position `pos`, if that token is cached and they were kept."""
+        return self.logits.get(pos) if pos < len(self.tokens) else None
+
 
 @dataclass(frozen=True)
 class Match:
     slot: Slot
     reused: int  # tokens of the prompt whose K/V is already in the slot
     cached_logits: torch.Tensor | None  # logits at the prompt's last position when fully cached
-
-
-def common_prefix(a: list[int], b: tuple[int, ...] | list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class KVCache:
@@ -73,12 +94,12 @@ class KVCache:
     def v(self, layer: int, slot: int) -> torch.Tensor:
         return self.buffer[layer, 1, slot]  # (KVH, capacity, D)
 
-    def match(self, prompt: tuple[int, ...], key: str | None) -> Match:
+    def match(self, prompt: Sequence[int], key: str | None) -> Match:
         """Choose a slot for `prompt`: the document's own slot (`key`), unless another slot holds at
         least twice as long a prefix; a new document takes another's slot only if it holds most of the
         prompt, else the LRU one. Without a key, the longest prefix wins."""
         self._clock += 1
-        lcp = {s.index: common_prefix(s.tokens, prompt) for s in self.slots}
+        lcp = {s.index: s.match(prompt) for s in self.slots}
         best = max(self.slots, key=lambda s: (lcp[s.index], s.last_used))
         own = next((s for s in self.slots if key is not None and s.key == key), None)
         if own is not None and 2 * lcp[own.index] >= lcp[best.index]:
@@ -89,8 +110,8 @@ class KVCache:
             best = min(self.slots, key=lambda s: (bool(s.tokens), s.last_used))
         best.key, best.last_used = key, self._clock
         n = lcp[best.index]
-        cached = best.logits.get(len(prompt) - 1) if n == len(prompt) else None
+        cached = best.logits_at(len(prompt) - 1) if n == len(prompt) else None
         # The last prompt token must be run through the model unless its logits are cached.
         reused = n if cached is not None else min(n, len(prompt) - 1)
-        best.truncate(reused)
+        best.truncate(n)  # rows past the common prefix are stale; the prefix itself stays valid
         return Match(slot=best, reused=reused, cached_logits=cached)

@@ -6,6 +6,8 @@ Both read and write the same KV buffer (engine/kv_cache.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -38,7 +40,6 @@ class Transformer:
         self.dtype = weights.embed.dtype
         self.cos, self.sin = rope_tables(cfg, rope_length, self.device)
 
-    @torch.inference_mode()
     def forward_reference(
         self, ids: torch.Tensor, start: int, cache: KVCache, slot: int, all_logits: bool = False
     ) -> torch.Tensor:
@@ -46,16 +47,38 @@ class Transformer:
 
         Returns float32 logits (T, V) if all_logits else (1, V) for the last position.
         """
+        logits = self.forward_interruptible(ids, start, cache, slot, all_logits)
+        assert logits is not None  # never interrupted without an `interrupted` check
+        return logits
+
+    @torch.inference_mode()
+    def forward_interruptible(
+        self,
+        ids: torch.Tensor,
+        start: int,
+        cache: KVCache,
+        slot: int,
+        all_logits: bool = False,
+        interrupted: Callable[[], bool] | None = None,
+    ) -> torch.Tensor | None:
+        """`forward_reference` that asks `interrupted` before each layer after the first and, when it
+        says so, stops and returns None: a new keystroke never waits for a stale forward. The rows it
+        wrote are then not valid; the caller does not count them as cached."""
         cfg, w = self.cfg, self.w
         t = ids.shape[0]
         h_, kvh, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        groups = h_ // kvh
         end = start + t
         cos = self.cos[start:end].to(self.dtype)  # (T, D)
         sin = self.sin[start:end].to(self.dtype)
-        # query i (absolute position start+i) sees key positions <= start+i
-        mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(diagonal=start)  # (T, S)
+        # query i (absolute position start+i) sees key positions <= start+i; one query sees them all
+        mask = None
+        if t > 1:
+            mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(diagonal=start)  # (T, S)
         h = w.embed[ids]  # (T, C)
         for n, layer in enumerate(w.layers):
+            if n and interrupted is not None and interrupted():
+                return None
             x = rms_norm_ref(h, layer.input_norm, cfg.rms_norm_eps)
             qkv = x @ layer.wqkv.T  # (T, (H + 2*KVH) * D)
             q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
@@ -64,8 +87,10 @@ class Transformer:
             k_cache, v_cache = cache.k(n, slot), cache.v(n, slot)  # (KVH, capacity, D)
             k_cache[:, start:end] = k.transpose(0, 1)
             v_cache[:, start:end] = v.view(t, kvh, d).transpose(0, 1)
-            keys = k_cache[:, :end].repeat_interleave(h_ // kvh, dim=0)  # (H, S, D)
-            values = v_cache[:, :end].repeat_interleave(h_ // kvh, dim=0)  # (H, S, D)
+            keys, values = k_cache[:, :end], v_cache[:, :end]  # (KVH, S, D)
+            if groups > 1:
+                keys = keys.repeat_interleave(groups, dim=0)  # (H, S, D)
+                values = values.repeat_interleave(groups, dim=0)
             attn = F.scaled_dot_product_attention(
                 q.transpose(0, 1), keys, values, attn_mask=mask
             )  # (H, T, D)

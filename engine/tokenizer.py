@@ -70,9 +70,6 @@ class Tokenizer:
     def decode(self, ids: list[int] | tuple[int, ...]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
-    def token_text(self, token_id: int) -> str:
-        return self._tok.id_to_token(token_id) or ""
-
     def prepare_healing(self) -> None:
         """Build token healing's vocabulary index now (the engine does it while loading)."""
         self._vocabulary_index()
@@ -84,6 +81,15 @@ class Tokenizer:
         keys, ids, by_text = self._vocabulary_index()
         lo, hi = bisect.bisect_left(keys, text), bisect.bisect_left(keys, text + "\U0010ffff")
         return tuple(ids[lo:hi]) + tuple(i for k in range(1, len(text)) for i in by_text.get(text[:k], ()))
+
+    def healing_choices(self, text: str) -> tuple[int, ...]:
+        """The candidates healing samples from: the tokens that spell all of `text` (and maybe more)
+        when there is one, else those that spell a prefix of it. A token that re-spells only part of
+        typed text is a decode step the user never sees; when a whole-text token exists the first step
+        already shows the suggestion."""
+        keys, ids, _ = self._vocabulary_index()
+        lo, hi = bisect.bisect_left(keys, text), bisect.bisect_left(keys, text + "\U0010ffff")
+        return tuple(ids[lo:hi]) if hi > lo else self.healing_candidates(text)
 
     def can_heal(self, text: str) -> bool:
         """Whether whole tokens can spell `text`: every suffix the healing may be left with has a
@@ -98,12 +104,12 @@ class Tokenizer:
         return True
 
     def healing_index(self, text: str, device: torch.device) -> torch.Tensor:
-        """`healing_candidates(text)` as a long tensor on `device`, kept for the next keystroke."""
+        """`healing_choices(text)` as a long tensor on `device`, kept for the next keystroke."""
         key = (text, device)
         with self._heal_lock:
             index = self._heal_index_cache.get(key)
             if index is None:
-                index = torch.tensor(self.healing_candidates(text), dtype=torch.long, device=device)
+                index = torch.tensor(self.healing_choices(text), dtype=torch.long, device=device)
                 self._heal_index_cache[key] = index
                 if len(self._heal_index_cache) > 64:
                     self._heal_index_cache.popitem(last=False)

@@ -53,25 +53,19 @@ class Completer:
     def _prompt_builder(self) -> PromptBuilder:
         if self._builder is None:
             s = self.settings
-            budgets = Budgets(
-                context_tokens=s.context_tokens,
-                prefix_tokens=s.prefix_tokens,
-                suffix_tokens=s.suffix_tokens,
-                middle_tokens=s.middle_tokens,
-                anchor_lines=s.anchor_lines,
-                step_tokens=s.truncation_step_tokens,
-            )
             engine = self.host.engine
-            self._builder = PromptBuilder(engine.tokenizer, budgets.fit(engine.max_context, s.max_tokens))
+            budgets = Budgets.of(s).fit(engine.max_context, s.max_tokens)
+            self._builder = PromptBuilder(engine.tokenizer, budgets)
             for session in self.sessions.values():
-                session.head, session.known = None, []
+                session.forget()
         return self._builder
 
     def engine_changed(self) -> None:
         """A (re)loaded engine: nothing cached refers to it."""
         for session in self.sessions.values():
             session.close()
-            session.head, session.known, session.generation = None, [], None
+            session.forget()
+            session.generation = None
         self._builder = None
 
     def changed(self, uri: str, text: str, version: int | None) -> None:
@@ -129,13 +123,13 @@ class Completer:
             record.responded(Outcome.ERROR)
             return None
         prompt = builder.build(
-            snap.text, snap.cursor, snap.context, snap.language_id, session.head, session.known
+            snap.text, snap.cursor, snap.context, snap.language_id, session.head, session.cached_pieces()
         )
         record.prompt_s = time.monotonic() - started
         if log.isEnabledFor(logging.DEBUG):
             text = builder.tokenizer.decode(prompt.ids)
             log.debug("request %s prompt (%d tokens): %r", record.request_id, len(prompt.ids), text)
-        session.head, session.known = prompt.head, list(prompt.middle_pieces)
+        session.started(prompt.head, prompt.middle_pieces, None)
         ctx = CursorContext.at(snap.text, snap.cursor)
         s = self.settings
         deadline = None if s.deadline_ms is None else time.monotonic() + s.deadline_ms / 1000.0
@@ -164,10 +158,9 @@ class Completer:
             text=snap.text,
             cursor=snap.cursor,
             mode=s.response_mode,
-            known=session.known,
             on_done=done,
             errors=self.host.engine_errors,
         )
-        session.generation = gen
+        session.started(prompt.head, prompt.middle_pieces, gen)
         gen.start()
         return gen

@@ -2,7 +2,9 @@
 
 The first line continues the cursor's line and is shown as it arrives. Later lines are judged when
 complete; generation stops before a line that leaves the indentation scope, repeats the suffix's next
-line, or is blank after a finished block. With text to the right of the cursor the suggestion is a single
+line, or is blank after a finished block. A later line is shown while it grows as soon as no rule can
+reject it any more (its indentation is known and it cannot become the suffix's next line): only text
+that is still ambiguous is held back. With text to the right of the cursor the suggestion is a single
 line, and closing brackets/quotes that the line's rest already has are dropped.
 """
 
@@ -56,6 +58,7 @@ class Shaper:
         self._raw = ""
         self._accepted_lines: list[str] = []  # judged lines after the first
         self._first_done = False
+        self._open = ""  # the unfinished line after the judged ones, shown because no rule can reject it
         self._finished = False
         self._balance = 0
         self.rule = StopRule.NONE
@@ -78,14 +81,27 @@ class Shaper:
         for line in lines[1 + len(self._accepted_lines) : -1]:
             if not self._judge(line):
                 break
+        self._open = ""
+        if not self.stopped and len(lines) == 2 + len(self._accepted_lines) and self._settled(lines[-1]):
+            self._open = lines[-1]
         self.text = self._render()
+
+    def _settled(self, line: str) -> bool:
+        """Whether an unfinished line will be accepted whatever ends it: it has text (so it is not
+        blank and its indentation is final) and it cannot grow into the suffix's next line."""
+        stripped = line.strip()
+        return (
+            bool(stripped)
+            and _indent(line) >= self.base_indent
+            and not self.ctx.next_line.strip().startswith(stripped)
+        )
 
     def finish(self) -> str:
         """Generation ended: judge the unterminated last line and release withheld text."""
         lines = self._raw.split("\n")
         if not self.stopped and len(lines) > 1 + len(self._accepted_lines) and lines[-1].strip():
             self._judge(lines[-1])
-        self._finished = True
+        self._finished, self._open = True, ""
         self.text = self._render()
         return self.text
 
@@ -105,7 +121,8 @@ class Shaper:
             if rest[start:end].strip():
                 return rest[:end]
             start = end + 1
-        return rest if rest[start:].strip() or self.done else None
+        complete = not self._open or self.done  # the last line shown may still be growing
+        return rest if (rest[start:].strip() and complete) or self.done else None
 
     def _judge(self, line: str) -> bool:
         """Accept a complete line after the first, or set the rule that stops before it."""
@@ -134,7 +151,7 @@ class Shaper:
         first = self._raw.split("\n", 1)[0]
         if self.ctx.single_line:
             first = first[: len(first) - self._closers_to_drop(first)]
-        lines = [first, *self._accepted_lines]
+        lines = [first, *self._accepted_lines, *([self._open] if self._open else [])]
         # Trailing blank lines are shown only once a line with text follows, so `text` only grows.
         while len(lines) > 1 and not lines[-1].strip():
             lines.pop()

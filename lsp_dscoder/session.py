@@ -10,9 +10,8 @@ change of their remainder and one response: at the first complete line or at the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -66,7 +65,6 @@ class Generation:
         text: str,
         cursor: int,
         mode: ResponseMode,
-        known: list[Piece],
         on_done: Callable[[Generation, Any], None],
         errors: tuple[type[Exception], ...] = (),
     ) -> None:
@@ -75,13 +73,14 @@ class Generation:
         self.mode = mode
         self._before = text[:cursor]
         self._after = text[cursor:]
-        self._known = known  # the session's known pieces: generated tokens are appended as they come
+        self.pieces: list[Piece] = []  # the generated tokens, as the engine's slot will hold them
+        self.rewound = 0  # prompt tokens at its end that the engine healed (spelled again) instead
         self._on_done = on_done
         self._errors = errors  # the engine's error classes: logged, the suggestion ends where it is
         self.subscribers: list[Subscriber] = []
         self.cancelled = False
         self.finished = False
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None  # held: the event loop keeps only a weak reference
 
     def start(self) -> None:
         self.task = asyncio.ensure_future(self._pump())
@@ -91,7 +90,8 @@ class Generation:
         try:
             async for event in self.handle.stream():
                 if event.token_id is not None:  # None: the decoder's flush at the end, no token
-                    self._known.append(Piece(event.token_id, event.piece))
+                    self.rewound = max(self.rewound, event.rewound)
+                    self.pieces.append(Piece(event.token_id, event.piece or ""))
                 self.shaper.feed(event.text)
                 self._publish()
                 if self.shaper.stopped:
@@ -182,10 +182,26 @@ class DocumentSession:
 
     uri: str
     head: Head | None = None
-    known: list[Piece] = field(default_factory=list)  # pieces the engine's slot holds after `head`
+    known: list[Piece] = field(default_factory=list)  # the middle's pieces in the last prompt
     generation: Generation | None = None
     latest: Any = None  # id of the newest completion request
     version: int | None = None  # of the last change seen
+
+    def cached_pieces(self) -> list[Piece]:
+        """The pieces the engine's slot holds after `head`: the last prompt's middle, then what its
+        generation produced (which re-spells the prompt tokens the engine healed)."""
+        gen = self.generation
+        if gen is None:
+            return list(self.known)
+        return self.known[: len(self.known) - gen.rewound] + gen.pieces
+
+    def started(self, head: Head, middle: Sequence[Piece], generation: Generation | None) -> None:
+        """A prompt was built (and its generation started): what the slot will hold from now on."""
+        self.head, self.known, self.generation = head, list(middle), generation
+
+    def forget(self) -> None:
+        """Nothing cached refers to the engine any more (new engine or new budgets)."""
+        self.head, self.known = None, []
 
     def changed(self, text: str, version: int | None) -> None:
         self.version = version
@@ -199,9 +215,3 @@ class DocumentSession:
     def close(self) -> None:
         if self.generation is not None:
             self.generation.cancel()
-
-    async def wait_idle(self) -> None:
-        """Until the running generation (if any) has ended; used on shutdown."""
-        if self.generation is not None and self.generation.task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.generation.task

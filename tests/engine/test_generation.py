@@ -96,8 +96,11 @@ def test_cancel_stops_within_one_step_and_cache_is_kept(engine: Engine) -> None:
     assert len(done.token_ids) == 3 == len(seen)
     slot = engine.cache.slots[done.stats.slot]
     assert slot.tokens == list(prompt) + list(done.token_ids[:2])  # the 3rd is sampled, not yet fed
-    again = engine.complete(req(prompt + done.token_ids, max_tokens=2))
-    assert again.stats.prefilled_tokens == 1 and again.stats.reused_tokens == len(prompt) + 2
+    # The 3rd token is not cached, but the logits before it are: it is healed, not prefilled.
+    handle = engine.submit(req(prompt + done.token_ids, max_tokens=2))
+    events, again = list(handle), handle.result()
+    assert again.stats.prefilled_tokens == 0 and again.stats.reused_tokens == len(prompt) + 2
+    assert events[0].rewound == 1 and again.token_ids[0] == done.token_ids[2]
 
 
 def test_cancel_between_prefill_chunks_keeps_prefilled_chunks(engine: Engine) -> None:
@@ -110,11 +113,11 @@ def test_cancel_between_prefill_chunks_keeps_prefilled_chunks(engine: Engine) ->
     class CancelAfterTwoChunks:
         calls = 0
 
-        def prefill(self, ids, start, slot):
+        def prefill(self, ids, start, slot, interrupted=None):
             self.calls += 1
             if self.calls == 2:
                 cancel.set()
-            return runner.prefill(ids, start, slot)
+            return runner.prefill(ids, start, slot)  # finishes the chunk: the check comes after it
 
         decode = runner.decode
 
@@ -274,3 +277,50 @@ def test_token_healing_is_greedy_over_the_tokens_that_spell_the_text(tiny_model:
         assert "".join(e.piece for e in events if e.piece is not None) == spelled.rstrip("\ufffd")
         with pytest.raises(EngineError, match="cannot be spelled"):
             eng.submit(CompletionRequest(prompt, heal_text="\u2603"))
+
+
+def test_a_cancel_during_a_forward_stops_it_before_the_next_layer(tiny_model: Path) -> None:
+    with Engine(EngineConfig(model=tiny_model, max_context=256, num_slots=1)) as eng:
+        layers = len(eng.model.w.layers)
+        assert layers >= 2
+        prompt = fim_prompt(eng, "for i in range(10):\n    ", "\n")
+        cancel = threading.Event()
+        checks: list[str] = []  # one entry per check inside a forward: which forward asked
+        inner = ReferenceRunner(eng.model, eng.cache)
+
+        class Counting:
+            def prefill(self, ids, start, slot, interrupted=None):
+                return inner.prefill(ids, start, slot, lambda: checks.append("prefill") or interrupted())
+
+            def decode(self, token, pos, slot, interrupted=None):
+                def check() -> bool:
+                    checks.append("decode")
+                    cancel.set()  # a keystroke arrives while the first layer runs
+                    return interrupted()
+
+                return inner.decode(token, pos, slot, check)
+
+        done = generate(req(prompt, max_tokens=8), Counting(), eng.cache, eng.tokenizer, cancel, id, 64, 0)
+        # The prefill ran all its layers; the first decode stopped after its first layer.
+        assert checks == ["prefill"] * (layers - 1) + ["decode"]
+        assert done.stats.stop_reason is StopReason.CANCELLED and len(done.token_ids) == 1
+        assert done.text and done.stats.steps_to_text == 0  # the first token was already visible
+        slot = eng.cache.slots[done.stats.slot]
+        assert slot.tokens == list(prompt)  # the interrupted forward's rows are not counted as cached
+        # The next request reuses the prompt and decodes the same tokens as a fresh engine would.
+        again = eng.complete(req(prompt, max_tokens=6))
+        assert again.stats.prefilled_tokens == 0 and again.token_ids[0] == done.token_ids[0]
+    with Engine(EngineConfig(model=tiny_model, max_context=256, num_slots=1)) as cold:
+        assert cold.complete(req(prompt, max_tokens=6)).token_ids == again.token_ids
+
+
+def test_steps_to_text_counts_the_forwards_before_visible_text(engine: Engine) -> None:
+    tok = engine.tokenizer
+    prompt = fim_prompt(engine, "def main(args):\n    return", "\n")
+    plain = engine.complete(req(prompt, max_tokens=4))
+    assert plain.text and plain.stats.steps_to_text == 0
+    # Healing a text that a single token spells exactly: that token shows nothing, the next does.
+    first = tok.decode([plain.token_ids[0]])
+    healed = engine.complete(CompletionRequest(prompt, SamplingParams(max_tokens=4), heal_text=first))
+    assert healed.token_ids == plain.token_ids
+    assert healed.stats.steps_to_text == (1 if len(plain.token_ids) > 1 else None)

@@ -83,3 +83,24 @@ def test_first_line_ready_on_a_single_line_and_at_the_end():
     ended.feed("1")
     ended.finish()
     assert ended.first_line_ready() == "1" and ended.first_line_ready(skip=1) == ""
+
+
+def test_a_later_line_is_shown_as_soon_as_no_rule_can_reject_it():
+    # The new line's indentation is final once it has text, and "ret" cannot become the next line.
+    _, rule, shown = shape("def f(x):|\n    y = 1\n", "\n    return x\n\n")
+    assert shown[:7] == ["", "", "", "", "", "\n    r", "\n    re"]
+    assert rule is StopRule.BLANK_AFTER_BLOCK and shown[-1] == "\n    return x"
+    # Held while it may still be the suffix's next line ("y = 1") or leave the scope.
+    _, rule, shown = shape("def f(x):\n    a = 0|\n    y = 1\n", "\n    y = 1\n")
+    assert set(shown) == {""} and rule is StopRule.REPEATS_SUFFIX
+    _, _, shown = shape("def f(x):\n    a = 0|\nz = 2\n", "\n    y = 2\nq")
+    assert "\n    y" in shown and not any(s.endswith("\nq") for s in shown)
+
+
+def test_first_line_is_not_ready_while_the_shown_line_grows():
+    shaper = Shaper(CursorContext.at("def f(x):\n", len("def f(x):")))
+    for ch in "\n    return x":
+        shaper.feed(ch)
+    assert shaper.text == "\n    return x" and shaper.first_line_ready() is None
+    shaper.feed("\n")
+    assert shaper.first_line_ready() == "\n    return x"

@@ -88,7 +88,7 @@ def test_middle_past_its_bound_moves_the_anchor(tokenizer):
 def test_prefix_truncation_moves_in_coarse_steps(tokenizer):
     lines = [f"value_{i} = compute({i}, args)\n" for i in range(200)]
     text = "".join(lines)
-    builder = PromptBuilder(tokenizer, replace(Budgets(), prefix_tokens=300, step_tokens=150))
+    builder = PromptBuilder(tokenizer, replace(Budgets(), prefix_tokens=300, truncation_step_tokens=150))
     head, starts, kept = None, [], 0
     for anchor_line in range(100, 140):  # the anchor moves down one line at a time
         cursor = sum(len(line) for line in lines[:anchor_line])
@@ -189,24 +189,41 @@ def test_known_pieces_that_do_not_spell_their_tokens_are_not_reused(tokenizer):
     assert kept == 0 and [p.token_id for p in pieces] == tokenizer.encode("a x")
 
 
-def test_token_healing_leaves_the_text_after_the_last_safe_boundary_to_the_model(tokenizer):
+def test_token_healing_leaves_the_last_word_to_the_model(tokenizer):
     builder = PromptBuilder(tokenizer, Budgets())
     first = builder.build(SOURCE, CURSOR)
     prompts = [first, *(p for p, _, _ in type_text(builder, SOURCE, CURSOR, "value = args", first))]
     heals = [p.heal_text for p in prompts]
-    word = ["    ", "    v", "    va", "    val", "    valu", "    value"]
-    assert heals == [*word, " ", " =", " ", " a", " ar", " arg", " args"]
+    # The indentation alone is healed whole; then only the word with its space, not the indentation.
+    word = [" v", " va", " val", " valu", " value"]
+    assert heals == ["    ", *word, " ", " =", " ", " a", " ar", " arg", " args"]
     for p in prompts:
         assert p.head is first.head
         kept = p.middle[: len(p.middle) - len(p.heal_text)]
         assert p.middle == kept + p.heal_text
         assert p.ids == first.head.ids + tuple(tokenizer.encode(kept))
         assert "".join(piece.text for piece in p.middle_pieces) == kept
-    # The prompt changes only when the cursor passes a safe boundary: typing a word appends nothing.
+    # The prompt changes only when the cursor passes a word: typing a word appends nothing.
     ids = [p.ids for p in prompts]
-    assert ids[0] == ids[1] == ids[5] == first.head.ids
+    assert ids[1] == ids[2] == ids[5] == first.head.ids + tuple(tokenizer.encode("   "))
     assert ids[6] == ids[7] and ids[8] == ids[9] == ids[12]
-    assert len({ids[0], ids[6], ids[8]}) == 3
+    assert len({ids[0], ids[1], ids[6], ids[8]}) == 4
+
+
+def test_indentation_is_healed_from_the_line_start_whenever_it_was_typed(tokenizer):
+    builder = PromptBuilder(tokenizer, Budgets())
+    text = "class P:\n    def __init__(self, x):\n"
+    at_newline = builder.build(text + "\n", len(text))
+    indented = builder.build(text + "        \n", len(text) + 8)
+    assert (at_newline.heal_text, indented.heal_text) == ("", "        ")
+    assert indented.ids == at_newline.ids  # the same prompt: the model spells the indentation itself
+    # With the head of an earlier keystroke (the anchor lines above), the prompt still ends at the
+    # line start.
+    earlier = builder.build(text[:-1] + "\n", len(text) - 1)
+    reused = builder.build(text + "        \n", len(text) + 8, head=earlier.head)
+    assert reused.head_reused and reused.heal_text == "        "
+    assert tokenizer.decode(reused.ids[len(earlier.head.ids) :]) == reused.middle[:-8]
+    assert reused.middle.endswith(":\n        ")
 
 
 def test_token_healing_reuses_generated_tokens_up_to_the_healed_text(tokenizer):
@@ -220,11 +237,57 @@ def test_token_healing_reuses_generated_tokens_up_to_the_healed_text(tokenizer):
     assert accepted.known_reused == 10
 
 
-def test_heal_start_only_heals_short_ascii_text_on_one_line():
+def test_healing_is_short_ascii_text_on_one_line(tokenizer):
+    builder = PromptBuilder(tokenizer, Budgets())
+    heals = {m: builder.build(m, len(m)).heal_text for m in ("x", "self.va", "x = ", "f(a, b", "x\n    y")}
+    assert heals == {"x": "x", "self.va": "va", "x = ": " ", "f(a, b": " b", "x\n    y": " y"}
+    assert builder.build('s = "é', 7).heal_text == ""  # not ASCII: nothing healed
+    long_word = "    " + "a" * 40
+    assert builder.build(long_word, len(long_word)).heal_text == ""  # no safe boundary within 32
     from lsp_dscoder.prompt import heal_start
 
     assert [heal_start(m) for m in ("", "x", "    ", "self.va", "x = ", "f(a, b")] == [0, 0, 0, 5, 3, 4]
-    assert heal_start('s = "é') == len('s = "é')  # not ASCII: nothing healed
-    assert heal_start("x\n    ") == len("x\n    ")  # the text after the boundary spans a line break
-    long_word = "    " + "a" * 40
-    assert heal_start(long_word) == len(long_word)  # no safe boundary within 32 characters
+
+
+class CountingTokenizer:
+    """The real tokenizer, counting the characters it is given to encode."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.chars = inner, 0
+        self.bos_id, self.fim_begin_id = inner.bos_id, inner.fim_begin_id
+        self.fim_hole_id, self.fim_end_id = inner.fim_hole_id, inner.fim_end_id
+
+    def encode(self, text: str) -> list[int]:
+        self.chars += len(text)
+        return self.inner.encode(text)
+
+    def decode(self, ids) -> str:
+        return self.inner.decode(ids)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        "x = [" + ", ".join(str(i % 1000) for i in range(1_000_000)) + "]\n",  # ~5 MB on one line
+        "".join(f"value_{i} = compute({i})\n" for i in range(200_000)),  # 200k lines
+    ],
+    ids=["5MB-line", "200k-lines"],
+)
+def test_prompt_work_is_bounded_by_the_budget_not_the_document(tokenizer, document):
+    budgets = Budgets(context_tokens=64, prefix_tokens=256, suffix_tokens=128, middle_tokens=64)
+    # What the budgets let the builder look at: 8 characters per budgeted token (prefix + middle
+    # before the cursor, suffix after it, context per file), each part tokenised a small number of times.
+    window = 8 * (budgets.prefix_tokens + budgets.middle_tokens + budgets.suffix_tokens)
+    counting = CountingTokenizer(tokenizer)
+    builder = PromptBuilder(counting, budgets)
+    other = ContextFile("big.py", document, "python", ("file:///big.py", 1))
+    for cursor in (len(document) // 2, 7, len(document) - 3):
+        counting.chars = 0
+        p = builder.build(document, cursor, lambda: [other], "python")
+        assert counting.chars <= 6 * window, (cursor, counting.chars)
+        assert p.head.prefix_tokens <= 256 and p.head.suffix_tokens <= 128 and p.head.context_tokens <= 64
+        # The next keystroke reuses the head: only the middle is tokenised again.
+        typed = document[:cursor] + "z" + document[cursor:]
+        counting.chars = 0
+        again = builder.build(typed, cursor + 1, head=p.head, known=p.middle_pieces)
+        assert again.head_reused and counting.chars <= 8 * budgets.middle_tokens

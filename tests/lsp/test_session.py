@@ -4,8 +4,8 @@ tests run the real engine): first-line responses, typing through, latest-wins, c
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
+from lsp_dscoder.engine.api import TokenEvent
 from lsp_dscoder.postprocess import CursorContext, Shaper
 from lsp_dscoder.session import DocumentSession, Generation, Subscriber
 from lsp_dscoder.settings import ResponseMode
@@ -15,26 +15,16 @@ DOC = "def f(x):\n    \n"
 CURSOR = DOC.index("\n    \n") + 5
 
 
-@dataclass
-class Event:
-    token_id: int
-    text: str
-
-    @property
-    def piece(self) -> str:  # as the engine's TokenEvent: the token's own text (nothing healed here)
-        return self.text
-
-
 class ScriptedHandle:
     """Tokens arrive when the test pushes them; `cancel` ends the stream like the engine's flag."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[TokenEvent | None] = asyncio.Queue()
         self.cancelled = False
 
     def push(self, *texts: str) -> None:
         for i, text in enumerate(texts):
-            self.queue.put_nowait(Event(i, text))
+            self.queue.put_nowait(TokenEvent(index=i, token_id=i, text=text, piece=text))
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -56,7 +46,6 @@ def start(mode: ResponseMode = ResponseMode.FIRST_LINE) -> tuple[Generation, Scr
         text=DOC,
         cursor=CURSOR,
         mode=mode,
-        known=[],
         on_done=lambda g, completion: done.append(g.shaper.rule),
     )
     gen.start()
