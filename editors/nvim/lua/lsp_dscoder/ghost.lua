@@ -25,23 +25,26 @@ local function scope_to(win)
   end
 end
 
---- Screen lines of the suggestion at `row` (its cursor line and ghost lines) below the bottom of the
---- current window; 0 when all of it is visible.
+--- Screen lines of a suggestion at `row` with `extra` lines after its first (drawn as virtual lines
+--- below `row`) that fall below the bottom of the current window; 0 when all of it is visible.
 --- @param row integer
+--- @param extra integer
 --- @return integer
-function M.lines_below_window(row)
+function M.lines_below_window(row, extra)
   local info = vim.fn.getwininfo(vim.api.nvim_get_current_win())[1]
+  -- Virtual lines below `row` count as the next line's filler, not as `row`'s: added here.
   local height = vim.api.nvim_win_text_height(0, { start_row = info.topline - 1, end_row = row }).all
-  return math.max(0, height - info.height)
+  return math.max(0, height + extra - info.height)
 end
 
---- Scroll the current window down until the suggestion at `row` fits in it, or its cursor line is
---- the window's first line.
+--- Scroll the current window down until the suggestion at `row` (`extra` lines after its first) fits
+--- in it, or its cursor line is the window's first line.
 --- @param row integer
-function M.scroll_into_view(row)
+--- @param extra integer
+function M.scroll_into_view(row, extra)
   local view = vim.fn.winsaveview()
   local topline = view.topline
-  while topline <= row and M.lines_below_window(row) > 0 do
+  while topline <= row and M.lines_below_window(row, extra) > 0 do
     topline = topline + 1
     vim.fn.winrestview({ topline = topline })
   end

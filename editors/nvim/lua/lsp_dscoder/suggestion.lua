@@ -179,8 +179,9 @@ function M.accept(bufnr, client, part, auto)
   if not shown then
     return false
   end
-  if not shown.revealed and ghost.lines_below_window(shown.row) > 0 then
-    ghost.scroll_into_view(shown.row)
+  local _, extra = shown.text:gsub('\n', '')
+  if not shown.revealed and ghost.lines_below_window(shown.row, extra) > 0 then
+    ghost.scroll_into_view(shown.row, extra)
     shown.revealed = true
     return true
   end
