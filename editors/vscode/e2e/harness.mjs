@@ -97,12 +97,24 @@ function codeServerArgs(profile) {
   ];
 }
 
+/** code-server's environment: its data under the profile, and no extension gallery (it would look
+ * up open-vsx.org): a loopback address where nothing listens. */
+function codeServerEnv(profile) {
+  const nowhere = 'http://127.0.0.1:9';
+  return {
+    ...process.env,
+    XDG_CONFIG_HOME: profile.root,
+    XDG_DATA_HOME: profile.root,
+    EXTENSIONS_GALLERY: JSON.stringify({ serviceUrl: `${nowhere}/gallery`, itemUrl: `${nowhere}/item` }),
+  };
+}
+
 /** `code-server --install-extension lsp-dscoder.vsix` into the profile. */
 export function installExtension(profile) {
   const r = spawnSync(process.execPath, [...codeServerArgs(profile), '--install-extension', VSIX], {
     encoding: 'utf8',
     timeout: 120_000,
-    env: { ...process.env, XDG_CONFIG_HOME: profile.root, XDG_DATA_HOME: profile.root },
+    env: codeServerEnv(profile),
   });
   if (r.status !== 0 || !/successfully installed/.test(r.stdout)) {
     throw new Error(`installing the .vsix failed (${r.status}):\n${r.stdout}\n${r.stderr}`);
@@ -128,7 +140,7 @@ export async function startCodeServer(profile) {
   ];
   const child = spawn(process.execPath, args, {
     stdio: ['ignore', log, log],
-    env: { ...process.env, XDG_CONFIG_HOME: profile.root, XDG_DATA_HOME: profile.root },
+    env: codeServerEnv(profile),
   });
   const url = `http://127.0.0.1:${port}`;
   await waitFor(
@@ -162,7 +174,14 @@ export async function openWorkbench(url, folder) {
     executablePath: CHROMIUM,
     headless: true,
     timeout: 60_000,
-    args: ['--no-sandbox', '--disable-dev-shm-usage', '--disable-gpu'],
+    args: [
+      '--no-sandbox',
+      '--disable-dev-shm-usage',
+      '--disable-gpu',
+      '--disable-background-networking',
+      '--disable-component-update',
+      '--no-first-run',
+    ],
   });
   const context = await browser.newContext({ viewport: { width: 1280, height: 800 } });
   await context.route(/^(?!(https?|wss?):\/\/127\.0\.0\.1[:/]|data:|blob:)/, (route) => route.abort());

@@ -87,16 +87,21 @@ async function startGhostRecorder(page) {
     };
     const log = [];
     window.__ghost = { log, read, stop: false, suggestWidget: false };
-    // Read after each frame is rendered: VS Code renders in its own animation-frame callback, and a
-    // task posted from ours runs once this frame's callbacks (and its paint) are done.
+    // Read what each frame paints: VS Code renders in its own animation-frame callbacks, and resize
+    // observers run after all of those and layout, just before the paint. A probe element changes its
+    // width every frame so that the observer runs every frame.
     const sample = () => {
       const text = read();
       if (log.length === 0 || log[log.length - 1].text !== text) log.push({ t: performance.now(), text });
       if (document.querySelector('.editor-widget.suggest-widget.visible'))
         window.__ghost.suggestWidget = true;
     };
+    const probe = document.createElement('div');
+    probe.style.cssText = 'position:fixed;left:-10px;top:-10px;height:1px;width:1px';
+    document.body.appendChild(probe);
+    new ResizeObserver(sample).observe(probe);
     const frame = () => {
-      setTimeout(sample, 0);
+      probe.style.width = probe.style.width === '1px' ? '2px' : '1px';
       if (!window.__ghost.stop) requestAnimationFrame(frame);
     };
     requestAnimationFrame(frame);
@@ -213,6 +218,9 @@ const CASES = [
   ['a server that cannot start shows stopped: <reason>', serverThatCannotStartShowsItsReason],
 ];
 
+/** The code-server process, for the watchdog to end. */
+let codeServer;
+
 async function main() {
   checkInstalled();
   const profile = new Profile();
@@ -220,6 +228,7 @@ async function main() {
   fs.writeFileSync(path.join(profile.workspace, FILE), '');
   installExtension(profile);
   const { child, url } = await startCodeServer(profile);
+  codeServer = child;
   let browser;
   let failed = 0;
   try {
@@ -259,6 +268,7 @@ async function main() {
 
 const watchdog = setTimeout(() => {
   console.log('not ok - the end-to-end run took over 5 minutes');
+  codeServer?.kill('SIGKILL');
   process.exit(1);
 }, 300_000);
 watchdog.unref();
