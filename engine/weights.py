@@ -12,6 +12,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -109,9 +110,9 @@ def load_weights(
     or for a dense checkpoint, every matrix is dense in `dtype`."""
     mapping = shard_map(folder)
     with ExitStack() as stack:
-        handles: dict[Path, object] = {}
+        handles: dict[Path, Any] = {}  # safe_open handles (untyped)
 
-        def open_file(path: Path):
+        def open_file(path: Path) -> Any:
             if path not in handles:
                 try:
                     handles[path] = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
@@ -129,7 +130,8 @@ def load_weights(
             if name not in mapping:
                 raise CheckpointError(f"tensor {name} is missing from the checkpoint in {folder}")
             try:
-                return open_file(mapping[name]).get_tensor(name)
+                t: torch.Tensor = open_file(mapping[name]).get_tensor(name)
+                return t
             except (SafetensorError, OSError, RuntimeError) as e:
                 raise CheckpointError(f"cannot read {name} from {mapping[name].name}: {e}") from None
 

@@ -26,11 +26,13 @@ def copy_bandwidth(device: torch.device) -> float:
     """Device copy rate in GB/s, read + write counted."""
     a = torch.empty(2**30 // 2, dtype=torch.bfloat16, device=device)
     b = torch.empty_like(a)
-    ms = triton.testing.do_bench(lambda: b.copy_(a), warmup=5, rep=50)
+    ms: float = triton.testing.do_bench(lambda: b.copy_(a), warmup=5, rep=50)
     return 2 * a.numel() * 2 / ms / 1e6
 
 
-def random_awq(n: int, k: int, group: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+def random_awq(
+    n: int, k: int, group: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     q = torch.randint(0, 16, (k, n), dtype=torch.int32, device=device)
     z = torch.randint(0, 16, (k // group, n), dtype=torch.int32, device=device)
     s = (torch.rand(k // group, n, device=device) * 0.004 + 0.001).half()
@@ -52,7 +54,8 @@ def time_rotating(fn, copies: int) -> float:  # type: ignore[no-untyped-def]
         fn(state["i"] % copies)
         state["i"] += 1
 
-    return float(triton.testing.do_bench(step, warmup=10, rep=100, return_mode="median"))
+    ms: float = triton.testing.do_bench(step, warmup=10, rep=100, return_mode="median")
+    return ms
 
 
 SWEEP = (  # (block_n, block_k, split_k, warps, stages) tried at M=1 with --sweep
@@ -68,7 +71,7 @@ HEAD_SKINNY = (
 )
 
 
-def dense_of(packed: tuple[torch.Tensor, ...], k: int) -> torch.Tensor:
+def dense_of(packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor], k: int) -> torch.Tensor:
     """The same weights as bf16 (N, K), for the bf16 kernels' times."""
     eye = torch.eye(k, dtype=torch.float32, device=packed[0].device)
     return awq_gemm_ref(eye, *packed).T.to(torch.bfloat16).contiguous()
@@ -77,7 +80,8 @@ def dense_of(packed: tuple[torch.Tensor, ...], k: int) -> torch.Tensor:
 def skinny_rows(model: str, mat: str, n: int, k: int, group: int, copy: float, sweep: bool) -> None:
     packed = random_awq(n, k, group, packed_device())
     wbytes = sum(t.numel() * t.element_size() for t in packed)
-    rot = [packed] + [tuple(t.clone() for t in packed) for _ in range(max(2, ROTATE_BYTES // wbytes) - 1)]
+    qw, qz, sc = packed
+    rot = [packed] + [(qw.clone(), qz.clone(), sc.clone()) for _ in range(max(2, ROTATE_BYTES // wbytes) - 1)]
     dense = dense_of(packed, k)
     drot = [dense] + [dense.clone() for _ in range(max(2, ROTATE_BYTES // (n * k * 2)) - 1)]
     for m in (1, 4, 16):
