@@ -24,15 +24,13 @@ import asyncio
 import concurrent.futures
 import contextlib
 import http.client
-import json
 import logging
 import os
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +39,7 @@ from lsp_dscoder.engine.checkpoint import resolve_model
 from lsp_dscoder.engine.engine import CompletionHandle
 from lsp_dscoder.engine.errors import ContextOverflowError, EngineClosedError, EngineError
 from lsp_dscoder.engine.tokenizer import Tokenizer
+from lsp_dscoder.remote_config import RemoteConfig
 from lsp_dscoder.remote_health import Health, Notify
 from lsp_dscoder.remote_http import (
     ConnectionPool,
@@ -49,38 +48,17 @@ from lsp_dscoder.remote_http import (
     RemoteError,
     abort,
     check_status,
+    model_ids,
     request_json,
     set_read_timeout,
     sse_events,
 )
-from lsp_dscoder.remote_stream import RemoteCompletionStats, StreamDecoder, parse_chunk
-from lsp_dscoder.settings import RemotePrompt, Settings
+from lsp_dscoder.remote_stream import StreamDecoder, parse_chunk
+from lsp_dscoder.settings import Settings
 
 log = logging.getLogger(__name__)
 
 _WORKERS = 8  # requests in flight at once (one per document being completed, and probes)
-
-
-@dataclass(frozen=True)
-class RemoteConfig:
-    endpoint: str  # http(s)://host:port, optionally with a path prefix
-    tokenizer: Path  # checkpoint folder whose tokenizer files match the served model
-    model: str | None = None  # the served model's name; None: the first one the endpoint lists
-    api_key_env: str | None = None  # environment variable holding the API key (sent as a bearer token)
-    token_ids: bool = True  # send the prompt as token ids and ask for generated ids; False: text
-    max_context: int = 4096
-    connect_timeout_s: float = 2.0
-    first_token_timeout_s: float = 10.0
-    read_timeout_s: float = 5.0
-    extra: Mapping[str, Any] = field(default_factory=dict)  # more request fields (the remoteRequest setting)
-
-    def __post_init__(self) -> None:
-        Endpoint.parse(self.endpoint)  # ValueError naming the bad URL
-        for name in ("connect_timeout_s", "first_token_timeout_s", "read_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.max_context < 16:
-            raise ValueError(f"max_context must be >= 16, got {self.max_context}")
 
 
 class RemoteHandle(CompletionHandle):
@@ -130,6 +108,7 @@ class RemoteBackend:
         self.health = Health(str(self.endpoint), self._probe, notify)
         self._lock = threading.Lock()
         self._closed = False
+        self._inflight: set[RemoteHandle] = set()
         self._counters = dict.fromkeys(
             ("requests", "completed", "cancelled", "errors", "prompt_tokens", "reused_tokens",
              "prefilled_tokens", "generated_tokens"),
@@ -155,6 +134,7 @@ class RemoteBackend:
         handle = RemoteHandle(request)
         with self._lock:
             self._counters["requests"] += 1
+            self._inflight.add(handle)
         self._workers.submit(self._run, handle)
         return handle
 
@@ -179,7 +159,11 @@ class RemoteBackend:
         if not self._closed:
             self._closed = True
             self.health.close()
-            self._workers.shutdown(wait=False, cancel_futures=True)
+            with self._lock:
+                inflight = list(self._inflight)
+            for handle in inflight:  # cut their streams: each ends as cancelled, nobody waits forever
+                handle.cancel()
+            self._workers.shutdown(wait=False)
             self._pool.close()
 
     def __enter__(self) -> RemoteBackend:
@@ -298,25 +282,8 @@ class RemoteBackend:
         stop: StopReason,
         error: str | None,
     ) -> None:
-        done = time.perf_counter()
-        generated = len(decoder.token_ids) if decoder.token_ids else decoder.count
-        cached = decoder.cached_tokens() or 0
-        processed = decoder.processed_tokens()
-        prefilled = processed if processed is not None else len(ids) - cached
-        decode_s = done - started - (ttft or 0.0)
-        stats = RemoteCompletionStats(
-            prompt_tokens=len(ids),
-            reused_tokens=cached,
-            prefilled_tokens=prefilled if decoder.backend_report() else 0,
-            generated_tokens=generated,
-            queue_s=started - handle.submitted_at,
-            ttft_s=ttft,
-            decode_tokens_per_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else None,
-            total_s=done - started,
-            stop_reason=stop,
-            slot=0,
-            backend=decoder.backend_report(),
-        )
+        stats = decoder.stats(len(ids), handle.submitted_at, started, ttft, stop)
+        generated, cached = stats.generated_tokens, stats.reused_tokens
         with self._lock:
             c = self._counters
             c["errors" if error else "cancelled" if stop is StopReason.CANCELLED else "completed"] += 1
@@ -328,6 +295,7 @@ class RemoteBackend:
                 self._ttfts.append(ttft)
             if stats.backend is not None:
                 self._last_backend = dict(stats.backend)
+            self._inflight.discard(handle)
         result = Completion(text=text, token_ids=tuple(decoder.token_ids), stats=stats, error=error)
         handle._publish(result=result)
 
@@ -354,7 +322,7 @@ class RemoteBackend:
                 conn.close()
             raise RemoteError(self._describe(exc)) from exc
         self._pool.release(conn)
-        models = _model_ids(listing)
+        models = model_ids(listing)
         if self.model is None and models:
             self.model = models[0]
         elif self.model is not None and models and self.model not in models:
@@ -363,16 +331,6 @@ class RemoteBackend:
 
 class _Cancelled(Exception):
     """The stream is to be cut: the request was cancelled, or a stop string ended it here."""
-
-
-def _model_ids(listing: bytes) -> list[str]:
-    try:
-        data = json.loads(listing).get("data")
-    except (ValueError, AttributeError):
-        raise RemoteError("GET /v1/models did not return an OpenAI model list") from None
-    if not isinstance(data, list):
-        raise RemoteError("GET /v1/models did not return an OpenAI model list")
-    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
 
 def open_remote(
@@ -386,17 +344,6 @@ def open_remote(
         if notify is not None:
             loop.call_soon_threadsafe(notify, level, message)
 
-    config = RemoteConfig(
-        endpoint=settings.endpoint,
-        tokenizer=resolve_model(tokenizer),
-        model=settings.remote_model,
-        api_key_env=settings.api_key_env,
-        token_ids=settings.remote_prompt is RemotePrompt.TOKENS,
-        max_context=settings.max_context,
-        connect_timeout_s=settings.connect_timeout_ms / 1000.0,
-        first_token_timeout_s=settings.first_token_timeout_ms / 1000.0,
-        read_timeout_s=settings.read_timeout_ms / 1000.0,
-        extra=dict(settings.remote_request or {}),
-    )
+    config = RemoteConfig.from_settings(settings, resolve_model(tokenizer))
     log.info("remote backend: %s (tokenizer %s)", config.endpoint, config.tokenizer)
     return RemoteBackend(config, on_loop)

@@ -205,3 +205,14 @@ def sse_events(response: http.client.HTTPResponse) -> Iterator[str]:
             response.read()  # the chunked body's end: the connection is then reusable
             return
         yield event
+
+
+def model_ids(listing: bytes) -> list[str]:
+    """The model names in a `GET /v1/models` answer."""
+    try:
+        data = json.loads(listing).get("data")
+    except (ValueError, AttributeError):
+        raise RemoteError("GET /v1/models did not return an OpenAI model list") from None
+    if not isinstance(data, list):
+        raise RemoteError("GET /v1/models did not return an OpenAI model list")
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -182,3 +183,31 @@ class StreamDecoder:
         if self.timings and type(self.timings.get("prompt_n")) is int:
             return int(self.timings["prompt_n"])
         return None
+
+    def stats(
+        self, prompt_tokens: int, submitted: float, started: float, ttft: float | None, stop: StopReason
+    ) -> RemoteCompletionStats:
+        """The request's stats: times from the client's side, prompt cache counts as the endpoint reports
+        them (none for a request cut before its closing chunk)."""
+        done = time.perf_counter()
+        generated = len(self.token_ids) if self.token_ids else self.count
+        report = self.backend_report()
+        cached = self.cached_tokens() or 0
+        processed = self.processed_tokens()
+        prefilled = processed if processed is not None else prompt_tokens - cached
+        if report is None:  # cut before the endpoint said what it computed
+            prefilled = 0
+        decode_s = done - started - (ttft or 0.0)
+        return RemoteCompletionStats(
+            prompt_tokens=prompt_tokens,
+            reused_tokens=cached,
+            prefilled_tokens=prefilled,
+            generated_tokens=generated,
+            queue_s=started - submitted,
+            ttft_s=ttft,
+            decode_tokens_per_s=(generated - 1) / decode_s if generated > 1 and decode_s > 0 else None,
+            total_s=done - started,
+            stop_reason=stop,
+            slot=0,
+            backend=report,
+        )
