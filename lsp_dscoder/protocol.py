@@ -32,6 +32,8 @@ STATS = "dscoder/stats"
 
 log = logging.getLogger(__name__)
 _SYNC = (types.TEXT_DOCUMENT_DID_OPEN, types.TEXT_DOCUMENT_DID_CHANGE)
+_AT_POSITION = (types.TEXT_DOCUMENT_INLINE_COMPLETION, types.TEXT_DOCUMENT_COMPLETION)
+_MAX_ARRIVALS = 1024
 
 
 class _Refused:
@@ -43,6 +45,10 @@ class DocumentProtocol(DscoderProtocol):
     version that is not an integer is refused before cattrs would coerce it ("3", true, 1.5 -> 3, 1, 1)."""
 
     _server: DscoderServer
+
+    def __init__(self, server: DscoderServer, converter: Any) -> None:
+        super().__init__(server, converter)
+        self._arrivals: dict[Any, tuple[int, int] | None] = {}  # request id -> (serial, version)
 
     def structure_message(self, data: dict[str, Any]) -> Any:
         if data.get("method") in _SYNC and "id" not in data:
@@ -57,8 +63,19 @@ class DocumentProtocol(DscoderProtocol):
         return super().structure_message(data)
 
     def handle_message(self, message: Any) -> None:
-        if not isinstance(message, _Refused):
-            super().handle_message(message)
+        if isinstance(message, _Refused):
+            return
+        if getattr(message, "method", None) in _AT_POSITION and hasattr(message, "id"):
+            # pygls starts an async handler on a later turn of the loop, after the edits that follow the
+            # request in the same read have been applied: remember the version the request was made for.
+            self._arrivals[message.id] = self._server.documents.state(message.params.text_document.uri)
+            if len(self._arrivals) > _MAX_ARRIVALS:  # cancelled before their handler ever ran
+                del self._arrivals[next(iter(self._arrivals))]
+        super().handle_message(message)
+
+    def arrived(self, msg_id: Any) -> tuple[int, int] | None:
+        """(serial, version) of the document when request `msg_id` arrived (None: unknown, not open)."""
+        return self._arrivals.pop(msg_id, None)
 
     def _execute_handler(
         self,

@@ -20,6 +20,7 @@ from lsp_dscoder.errors import DocumentNotOpenError, DocumentOutOfSyncError, Doc
 from lsp_dscoder.positions import units
 from lsp_dscoder.protocol import PARTIAL_COMPLETION, STATS, DscoderServer
 from lsp_dscoder.settings import Settings
+from lsp_dscoder.stats import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,15 @@ async def _suggest(
     """The suggestion for a position and the cursor's position, or None when there is none or the
     document changed meanwhile."""
     request_id = ls.protocol.msg_id
+    arrived = ls.protocol.arrived(request_id)
     try:
         doc = ls.document(uri)
+        if arrived is not None and arrived != (doc.serial, doc.version):
+            # Edits that came after the request were applied before its handler started: its position
+            # refers to text that is gone, and the editor has asked again (or will).
+            record = ls.stats.begin(request_id, uri, arrived[1])
+            record.responded(Outcome.SUPERSEDED)
+            return None
         snap, at = ls.snapshot(doc, position)
     except DocumentOutOfSyncError as exc:
         log.info("request %s: %s", request_id, exc)

@@ -6,7 +6,7 @@ import pytest
 
 from lsp_dscoder.errors import PositionError
 from lsp_dscoder.positions import Encoding, offset_at, position_at, sanitize
-from lsp_dscoder.settings import DEFAULTS, ResponseMode, Settings, parse, to_json
+from lsp_dscoder.settings import DEFAULTS, CompletionFallback, ResponseMode, Settings, parse, to_json
 
 TEXT = "a😀b你c\r\nx\rend"
 
@@ -96,3 +96,33 @@ def test_bad_settings_fall_back_to_defaults_with_a_message():
         "using the default 'auto'",
         "dscoder: unknown setting 'colour' ignored",
     ]
+
+
+def test_completion_fallback_setting():
+    assert DEFAULTS.completion_fallback is CompletionFallback.AUTO
+    settings, problems = parse({"completionFallback": "never"})
+    assert settings.completion_fallback is CompletionFallback.NEVER and problems == []
+    settings, problems = parse({"completionFallback": "sometimes"})
+    assert settings.completion_fallback is CompletionFallback.AUTO
+    assert problems == [
+        "dscoder: setting 'completionFallback': expected one of 'auto', 'always', 'never', got 'sometimes'; "
+        "using the default 'auto'"
+    ]
+
+
+def test_a_context_too_small_for_the_prompt_falls_back_with_the_reason():
+    base = Settings(max_context=1024)
+    settings, problems = parse({"maxContext": 256}, base)
+    assert (settings.max_context, settings.max_tokens, settings.middle_tokens) == (1024, 128, 256)
+    assert problems == [
+        "dscoder: settings maxContext 256, maxTokens 128, middleTokens 256 leave -132 tokens for the prompt: "
+        "maxContext must be at least maxTokens + middleTokens + 68 (452); using maxContext 1024, maxTokens "
+        "128, middleTokens 256"
+    ]
+    fits, problems = parse({"maxContext": 452}, base)  # exactly enough room
+    assert (fits.max_context, problems) == (452, [])
+    small, problems = parse({"maxContext": 128, "maxTokens": 16, "middleTokens": 8})
+    assert (small.max_context, problems) == (128, [])
+    # A base that does not fit either (a bad command line) falls back to the defaults.
+    settings, problems = parse({"maxTokens": 900}, Settings(max_context=300))
+    assert (settings.max_context, settings.max_tokens) == (4096, 128) and len(problems) == 1
