@@ -15,13 +15,14 @@ caller ends the process once it has cleaned up).
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import os
 import select
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from pygls.exceptions import JsonRpcException, JsonRpcInvalidRequest
 from pygls.server import JsonRPCServer
@@ -39,10 +40,11 @@ class ListenError(Exception):
 def new_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop when it is installed (an optional extra), asyncio's otherwise."""
     try:
-        import uvloop  # type: ignore[import-not-found]
+        uvloop = importlib.import_module("uvloop")
     except ImportError:
         return asyncio.new_event_loop()
-    return uvloop.new_event_loop()  # type: ignore[no-any-return]
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
 
 
 def envelope_problem(data: Any) -> str | None:
@@ -272,8 +274,8 @@ class _Client(Wire):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        assert isinstance(transport, asyncio.WriteTransport)
-        self._server.protocol.set_writer(SocketWriter(transport))
+        # a socket transport writes (uvloop's do not subclass asyncio.WriteTransport)
+        self._server.protocol.set_writer(SocketWriter(cast(asyncio.WriteTransport, transport)))
         log.info("client connected from %s", transport.get_extra_info("peername"))
 
 
