@@ -86,7 +86,11 @@ class Tokenizer:
         """The candidates healing samples from: the tokens that spell all of `text` (and maybe more)
         when there is one, else those that spell a prefix of it. A token that re-spells only part of
         typed text is a decode step the user never sees; when a whole-text token exists the first step
-        already shows the suggestion."""
+        already shows the suggestion. Indentation is the exception: the pre-tokenizer splits a run of
+        spaces before a word as (run less one space) + (space + word), so a token spelling all of it
+        is not the one the model expects there; every candidate stays allowed."""
+        if len(text) > 1 and text.isspace():
+            return self.healing_candidates(text)
         keys, ids, _ = self._vocabulary_index()
         lo, hi = bisect.bisect_left(keys, text), bisect.bisect_left(keys, text + "\U0010ffff")
         return tuple(ids[lo:hi]) if hi > lo else self.healing_candidates(text)

@@ -241,6 +241,10 @@ def test_healing_candidates_are_the_tokens_that_can_spell_the_text(engine: Engin
         }
         got = tok.healing_candidates(heal)
         assert set(got) == want and len(got) == len(want)
+        # Sampled from: the tokens that spell all of the text when there are any (but indentation).
+        whole = {i for i in want if texts[i].startswith(heal)}
+        choices = set(tok.healing_choices(heal))
+        assert choices == (whole if whole and not heal.isspace() else want), heal
     assert tok.eos_id not in tok.healing_candidates(" ")
 
 
@@ -254,13 +258,13 @@ def test_token_healing_is_greedy_over_the_tokens_that_spell_the_text(tiny_model:
         handle = eng.submit(request)
         events = list(handle)
         done = handle.result()
-        # The oracle: transformers' logits, greedy over the healing candidates until " ar" is spelled.
+        # The oracle: transformers' logits, greedy over the healing choices until " ar" is spelled.
         ids, heal, expected = list(prompt), " ar", []
         with torch.no_grad():
             while len(expected) < 8:
                 logits = hf(torch.tensor([ids])).logits[0, -1]
                 if heal:
-                    allowed = torch.tensor(tok.healing_candidates(heal))
+                    allowed = torch.tensor(tok.healing_choices(heal))
                     token = int(allowed[logits[allowed].argmax()])
                     heal = heal[len(tok.decode([token])) :]
                 else:
