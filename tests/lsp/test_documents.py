@@ -260,3 +260,16 @@ async def test_a_second_did_open_answers_requests_for_the_old_text_with_null(ser
         settings = types.DidChangeConfigurationParams(settings={"dscoder": {"debounceMs": 0}})
         server.client.workspace_did_change_configuration(settings)
     assert (await server.record(request))["uri"] == uri
+
+
+def test_closing_a_document_lets_its_text_go():
+    import gc
+    import weakref
+
+    docs = Documents()
+    docs.open(URI, "python", 1, "x" * 5_000_000)
+    ref = weakref.ref(docs.get(URI))
+    docs.change(URI, 2, [change(0, 0, 0, 0, "y")], Encoding.UTF16)
+    docs.close(URI)
+    gc.collect()
+    assert ref() is None and len(docs) == 0
