@@ -59,11 +59,11 @@ def time_rotating(fn, copies: int) -> float:  # type: ignore[no-untyped-def]
 
 
 SWEEP = (  # (block_n, block_k, split_k, warps, stages) tried at M=1 with --sweep
-    (64, 128, 8, 4, 4),
-    (128, 128, 4, 4, 4),
+    (128, 128, 2, 4, 4),
+    (128, 128, 8, 4, 4),
     (128, 64, 8, 4, 4),
     (256, 128, 4, 8, 3),
-    (128, 128, 16, 4, 3),
+    (256, 128, 2, 4, 4),
 )
 HEAD_SKINNY = (
     "| model | matrix | N x K | M | max rel err | AWQ us | AWQ GB/s | % copy "
@@ -128,7 +128,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="+", default=["1.3B", "6.7B"])
     ap.add_argument("--group", type=int, default=128)
-    ap.add_argument("--sweep", action="store_true", help="also time a few skinny tiles per shape at M=1")
+    ap.add_argument("--sweep", nargs="*", default=[], help="models whose shapes also time a few tiles at M=1")
     args = ap.parse_args()
     dev = packed_device()
     copy = copy_bandwidth(dev)
@@ -137,7 +137,7 @@ def main() -> None:
     print("| --- " * 10 + "|")
     for model in args.models:
         for mat, n, k in layer_shapes(model):
-            skinny_rows(model, mat, n, k, args.group, copy, args.sweep)
+            skinny_rows(model, mat, n, k, args.group, copy, model in args.sweep)
     print("\n| model | matrix | M | max rel err | AWQ GEMM TFLOP/s | bf16 cuBLAS TFLOP/s |")
     print("| --- " * 6 + "|")
     for model in args.models:

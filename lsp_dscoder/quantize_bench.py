@@ -89,7 +89,13 @@ def main() -> None:
     rel = float((got.float() - want).norm() / want.norm())
     print(f"{args.shape} AWQ fast vs dequantized reference: rel L2 {rel:.2e}, argmax equal "
           f"{bool(got.argmax() == want.argmax())}")  # fmt: skip
-    del ref_w, cache, fast
+    # The bf16 noise floor of the same comparison: the dense fast path on the dequantized weights.
+    dense_fast = FastRunner(Transformer(dense_cfg, ref_w, cache.capacity), cache, graphs=False)
+    base = dense_fast.prefill(ids, 0, 0)
+    assert base is not None
+    rel = float((base.float() - want).norm() / want.norm())
+    print(f"{args.shape} bf16 fast vs reference on the same dense weights: rel L2 {rel:.2e}")
+    del ref_w, cache, fast, dense_fast
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(dev)
     rows = {"AWQ int4": measure(awq_cfg, awq_w, dev)}
