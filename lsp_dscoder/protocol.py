@@ -46,10 +46,6 @@ class DocumentProtocol(DscoderProtocol):
 
     _server: DscoderServer
 
-    def __init__(self, server: DscoderServer, converter: Any) -> None:
-        super().__init__(server, converter)
-        self._arrivals: dict[Any, tuple[int, int] | None] = {}  # request id -> (serial, version)
-
     def structure_message(self, data: dict[str, Any]) -> Any:
         if data.get("method") in _SYNC and "id" not in data:
             params = data.get("params")
@@ -68,14 +64,11 @@ class DocumentProtocol(DscoderProtocol):
         if getattr(message, "method", None) in _AT_POSITION and hasattr(message, "id"):
             # pygls starts an async handler on a later turn of the loop, after the edits that follow the
             # request in the same read have been applied: remember the version the request was made for.
-            self._arrivals[message.id] = self._server.documents.state(message.params.text_document.uri)
-            if len(self._arrivals) > _MAX_ARRIVALS:  # cancelled before their handler ever ran
-                del self._arrivals[next(iter(self._arrivals))]
+            arrivals = self._server.arrivals
+            arrivals[message.id] = self._server.documents.state(message.params.text_document.uri)
+            if len(arrivals) > _MAX_ARRIVALS:  # cancelled before their handler ever ran
+                del arrivals[next(iter(arrivals))]
         super().handle_message(message)
-
-    def arrived(self, msg_id: Any) -> tuple[int, int] | None:
-        """(serial, version) of the document when request `msg_id` arrived (None: unknown, not open)."""
-        return self._arrivals.pop(msg_id, None)
 
     def _execute_handler(
         self,
@@ -125,6 +118,7 @@ class DscoderServer(LanguageServer):
         self.settings = base
         self.stats = Stats()
         self.documents = Documents()
+        self.arrivals: dict[Any, tuple[int, int] | None] = {}  # request id -> (serial, version), oldest first
         self.host = EngineHost()
         self.completer = Completer(self.host, base, self.stats)
         self.shutdown_requested = False
@@ -163,6 +157,10 @@ class DscoderServer(LanguageServer):
     def position(self, doc: Document, offset: int) -> types.Position:
         line, character = doc.position_at(offset, self.encoding)
         return types.Position(line=line, character=character)
+
+    def arrived(self, msg_id: Any) -> tuple[int, int] | None:
+        """(serial, version) of the document when request `msg_id` arrived (None: unknown, not open)."""
+        return self.arrivals.pop(msg_id, None)
 
     def is_current(self, doc: Document, snap: Snapshot) -> bool:
         return self.documents.is_current(doc, snap.version)
