@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class StopReason(enum.Enum):
@@ -92,7 +93,7 @@ class CompletionStats:
     # was visible); None when no text was produced. Token healing's cost, in forwards.
     steps_to_text: int | None = None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["stop_reason"] = self.stop_reason.value
         return d

@@ -14,6 +14,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
+from typing import Any
 
 import torch
 
@@ -83,13 +85,16 @@ class CompletionHandle:
         i = 0
         while True:
             with self._cond:
-                self._cond.wait_for(lambda n=i: len(self._events) > n or self._done)
+                self._cond.wait_for(partial(self._has_news, i))
                 new, done = self._events[i:], self._done
             yield from new
             i += len(new)
             if done and not new:
                 self._raise()
                 return
+
+    def _has_news(self, seen: int) -> bool:
+        return len(self._events) > seen or self._done
 
     def result(self, timeout: float | None = None) -> Completion:
         with self._cond:
@@ -257,9 +262,9 @@ class Engine:
     def complete(self, request: CompletionRequest, timeout: float | None = None) -> Completion:
         return self.submit(request).result(timeout)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         with self._lock:
-            out: dict = dict(self._counters)
+            out: dict[str, Any] = dict(self._counters)
             ttfts = sorted(self._ttfts)
         if ttfts:
             out["ttft_ms"] = {
@@ -289,7 +294,7 @@ class Engine:
                     self.cache,
                     self.tokenizer,
                     handle._cancel,
-                    lambda ev, h=handle: h._publish(event=ev),
+                    handle._publish,  # its first parameter is the event
                     self.config.prefill_chunk,
                     handle.submitted_at,
                 )

@@ -81,7 +81,7 @@ class Transformer:
                 return None
             x = rms_norm_ref(h, layer.input_norm, cfg.rms_norm_eps)
             qkv = x @ layer.wqkv.T  # (T, (H + 2*KVH) * D)
-            q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+            q, k, v = torch.split(qkv, [cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
             q = apply_rope_ref(q.view(t, h_, d), cos, sin)  # (T, H, D)
             k = apply_rope_ref(k.view(t, kvh, d), cos, sin)  # (T, KVH, D)
             k_cache, v_cache = cache.k(n, slot), cache.v(n, slot)  # (KVH, capacity, D)

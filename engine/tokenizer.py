@@ -7,6 +7,7 @@ import bisect
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -38,7 +39,7 @@ class Tokenizer:
             raise CheckpointError(f"{path} is not a valid tokenizer file: {e}") from None
         # Text in documents that happens to spell a special token is text, not a control token.
         self._tok.encode_special_tokens = True
-        cfg: dict = {}
+        cfg: dict[str, object] = {}
         if (folder / "tokenizer_config.json").exists():
             try:
                 cfg = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
@@ -67,7 +68,7 @@ class Tokenizer:
         """Token ids of `text`, no special tokens added."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids: list[int] | tuple[int, ...]) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
     def prepare_healing(self) -> None:

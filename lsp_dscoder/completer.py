@@ -54,6 +54,7 @@ class Completer:
         if self._builder is None:
             s = self.settings
             engine = self.host.engine
+            assert engine is not None, "prompts are built only once the engine is ready"
             budgets = Budgets.of(s).fit(engine.max_context, s.max_tokens)
             self._builder = PromptBuilder(engine.tokenizer, budgets)
             for session in self.sessions.values():

@@ -14,90 +14,22 @@ decode steps the user never sees. A line holding only indentation is healed whol
 so the prompt is the same whether the request came before or after the editor indented the new line.
 
 Work is bounded by the budgets, not the document: every search and tokenisation looks at most
-`_MAX_CHARS_PER_TOKEN` characters per budgeted token around the cursor (a 5 MB line costs what a short
+`MAX_CHARS_PER_TOKEN` characters per budgeted token around the cursor (a 5 MB line costs what a short
 one does).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
-from typing import Any, Protocol
+from dataclasses import dataclass
 
+from lsp_dscoder.prompt_parts import MAX_CHARS_PER_TOKEN, ContextCache, leading_lines
+from lsp_dscoder.prompt_parts import Budgets as Budgets
+from lsp_dscoder.prompt_parts import ContextFile as ContextFile
+from lsp_dscoder.prompt_parts import FimTokenizer as FimTokenizer
 from lsp_dscoder.tokens import Piece, cut_known, pieces_of, safe_boundary
 
-_C_LIKE = {"c", "cpp", "csharp", "cuda-cpp", "go", "java", "javascript", "javascriptreact", "typescript"}
-_C_LIKE |= {"typescriptreact", "rust", "kotlin", "scala", "swift", "dart", "php", "objective-c", "zig"}
-_DASHES = {"lua", "sql", "haskell", "elm", "ada"}
-_CONTEXT_CACHE_SIZE = 64
-_MAX_CHARS_PER_TOKEN = 8  # a window this wide holds enough tokens for the budget in practice
-_FIM_MARKERS = 4  # <bos> FIM_BEGIN FIM_HOLE FIM_END
 _MAX_HEAL_CHARS = 32
-
-
-class FimTokenizer(Protocol):
-    bos_id: int
-    fim_begin_id: int
-    fim_hole_id: int
-    fim_end_id: int
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """Token budgets of the prompt's parts and how the anchor and truncation points move: the one
-    definition (the server's settings carry the same fields, read with `Budgets.of`)."""
-
-    context_tokens: int = 1024  # other open documents
-    prefix_tokens: int = 1536  # text before the edit anchor
-    suffix_tokens: int = 512  # text after the cursor
-    middle_tokens: int = 256  # text from the anchor to the cursor; past this the anchor moves
-    anchor_lines: int = 4  # typing this many lines below the anchor keeps it
-    truncation_step_tokens: int = 256  # room a fresh prefix cut leaves to grow into
-
-    @classmethod
-    def of(cls, source: Any) -> Budgets:
-        """The budgets held by `source` (the server's `Settings`), field by field of this class."""
-        return cls(**{f.name: getattr(source, f.name) for f in fields(cls)})
-
-    def room(self, max_context: int, max_tokens: int) -> int:
-        """Tokens left for context, prefix and suffix once the middle, the FIM markers and
-        `max_tokens` generated tokens have theirs."""
-        return max_context - max_tokens - self.middle_tokens - _FIM_MARKERS
-
-    def fit(self, max_context: int, max_tokens: int) -> Budgets:
-        """Shrink context, prefix and suffix proportionally so that a full prompt plus `max_tokens`
-        generated tokens fits in `max_context`."""
-        room = self.room(max_context, max_tokens)
-        parts = self.context_tokens + self.prefix_tokens + self.suffix_tokens
-        if parts <= room:
-            return self
-        if room <= 0:
-            raise ValueError(
-                f"max_context {max_context} leaves no room for a prompt after max_tokens {max_tokens} "
-                f"and middle_tokens {self.middle_tokens}"
-            )
-        scale = room / parts
-        return replace(
-            self,
-            context_tokens=int(self.context_tokens * scale),
-            prefix_tokens=int(self.prefix_tokens * scale),
-            suffix_tokens=int(self.suffix_tokens * scale),
-        )
-
-
-@dataclass(frozen=True)
-class ContextFile:
-    """Another open document. `key` (uri, version) identifies its text for the tokenisation cache."""
-
-    path: str
-    text: str
-    language_id: str | None
-    key: tuple[str, int | None]
 
 
 @dataclass(frozen=True)
@@ -136,14 +68,6 @@ def heal_start(middle: str) -> int:
     return len(middle)
 
 
-def comment_prefix(language_id: str | None) -> str:
-    if language_id in _C_LIKE:
-        return "//"
-    if language_id in _DASHES:
-        return "--"
-    return "#"
-
-
 def _line_start(text: str, offset: int, low: int = 0) -> int | None:
     """Start of the line holding `offset`, looked for in text[low:offset]; None if it starts earlier."""
     start = max(text.rfind("\n", low, offset), text.rfind("\r", low, offset)) + 1
@@ -164,7 +88,7 @@ class PromptBuilder:
         self.tokenizer = tokenizer
         self.budgets = budgets
         self.heal = heal
-        self._context_cache: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
+        self._context = ContextCache(tokenizer)
 
     def build(
         self,
@@ -190,14 +114,14 @@ class PromptBuilder:
         middle = "" if anchor is None else text[anchor:cursor]
         heal = self._heal(middle)
         # `cut` is a safe boundary: the tokens of the two parts are the whole middle's
-        ids = self.tokenizer.encode(middle[: heal.cut]) + list(heal.tail_ids)
-        if anchor is None or len(ids) + bool(heal.text) > self.budgets.middle_tokens:
+        middle_ids = self.tokenizer.encode(middle[: heal.cut]) + list(heal.tail_ids)
+        if anchor is None or len(middle_ids) + bool(heal.text) > self.budgets.middle_tokens:
             # A single huge line: anchor at the cursor, the line's start becomes prefix text.
-            anchor, middle, ids, heal = cursor, "", [], _Heal(0, (), "")
+            anchor, middle, middle_ids, heal = cursor, "", [], _Heal(0, (), "")
         new_head = self._head(text, anchor, cursor, context(), language_id, head)
-        pieces = pieces_of(self.tokenizer, middle[: heal.cut], ids[: len(ids) - len(heal.tail_ids)])
-        pieces += self._tail(middle, heal)
-        return Prompt(new_head.ids + tuple(ids), new_head, False, middle, pieces, 0, heal.text)
+        cut_ids = middle_ids[: len(middle_ids) - len(heal.tail_ids)]
+        pieces = pieces_of(self.tokenizer, middle[: heal.cut], cut_ids) + self._tail(middle, heal)
+        return Prompt(new_head.ids + tuple(middle_ids), new_head, False, middle, pieces, 0, heal.text)
 
     def _heal(self, middle: str) -> _Heal:
         """What of the middle is left to the model: its last word (with the one space before it that
@@ -226,7 +150,7 @@ class PromptBuilder:
 
     def _chars(self, tokens: int) -> int:
         """Characters searched or tokenised for a budget of `tokens`."""
-        return tokens * _MAX_CHARS_PER_TOKEN
+        return tokens * MAX_CHARS_PER_TOKEN
 
     def _head_valid(self, head: Head, text: str, cursor: int) -> bool:
         return (
@@ -247,7 +171,7 @@ class PromptBuilder:
         previous: Head | None,
     ) -> Head:
         tok = self.tokenizer
-        context_ids = self._context_ids(context, language_id)
+        context_ids = self._context.ids(context, self.budgets.context_tokens, language_id)
         start = self._prefix_start(text, anchor, previous)
         prefix_ids = tok.encode(text[start:anchor]) if start < anchor else []
         suffix_ids = self._suffix_ids(text, cursor)
@@ -312,54 +236,4 @@ class PromptBuilder:
 
     def _suffix_ids(self, text: str, cursor: int) -> list[int]:
         """Whole lines after the cursor within the budget (the cursor line's rest first)."""
-        return self._leading_lines(text, cursor, self.budgets.suffix_tokens)
-
-    def _leading_lines(self, text: str, start: int, budget: int) -> list[int]:
-        """Tokens of the most whole lines from `start` that fit `budget`, tokenised together (lines
-        tokenised one by one would split "\n" from the next line's indentation)."""
-        ends, pos, estimate = [], start, 0
-        limit = start + self._chars(budget)  # lines ending past this cannot fit
-        while pos < len(text):
-            nxt = text.find("\n", pos, limit)
-            if nxt < 0 and limit < len(text):
-                break
-            end = len(text) if nxt < 0 else nxt + 1
-            estimate += len(self.tokenizer.encode(text[pos:end]))
-            if estimate > budget:
-                break
-            ends.append(end)
-            pos = end
-        while ends:
-            ids = self.tokenizer.encode(text[start : ends.pop()])
-            if len(ids) <= budget:
-                return ids
-        return []
-
-    def _context_ids(self, files: Sequence[ContextFile], language_id: str | None) -> list[int]:
-        """Other documents with path headers, in path order (stable across keystrokes), each cut at a
-        line end so that the total stays within the context budget."""
-        budget = self.budgets.context_tokens
-        ids: list[int] = []
-        for f in sorted(files, key=lambda f: f.path):
-            room = budget - len(ids)
-            if room <= 0:
-                break
-            key = (f.key, room, language_id)
-            block = self._context_cache.get(key)
-            if block is None:
-                block = self._context_block(f, room, language_id)
-                self._context_cache[key] = block
-                if len(self._context_cache) > _CONTEXT_CACHE_SIZE:
-                    self._context_cache.popitem(last=False)
-            else:
-                self._context_cache.move_to_end(key)
-            ids += block
-        return ids
-
-    def _context_block(self, f: ContextFile, room: int, language_id: str | None) -> tuple[int, ...]:
-        header = f"{comment_prefix(language_id or f.language_id)} {f.path}\n"
-        limit = self._chars(room)
-        body = f.text if len(f.text) <= limit else f.text[: f.text.rfind("\n", 0, limit) + 1]
-        body = body if body.endswith("\n") or not body else body + "\n"
-        ids = self._leading_lines(header + body, 0, room)
-        return tuple(ids) if len(ids) > len(self.tokenizer.encode(header)) else ()
+        return leading_lines(self.tokenizer, text, cursor, self.budgets.suffix_tokens)

@@ -25,15 +25,21 @@ import enum
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-BOS = "<｜begin▁of▁sentence｜>"
-EOS = "<｜end▁of▁sentence｜>"
-FIM_BEGIN = "<｜fim▁begin｜>"
-FIM_HOLE = "<｜fim▁hole｜>"
-FIM_END = "<｜fim▁end｜>"
+# The names are the engine's: what the model is trained on is what the engine looks up.
+from lsp_dscoder.engine.tokenizer import BOS as BOS
+from lsp_dscoder.engine.tokenizer import EOS as EOS
+from lsp_dscoder.engine.tokenizer import FIM_BEGIN as FIM_BEGIN
+from lsp_dscoder.engine.tokenizer import FIM_END as FIM_END
+from lsp_dscoder.engine.tokenizer import FIM_HOLE as FIM_HOLE
+
 SPECIAL_TOKENS = (BOS, EOS, FIM_BEGIN, FIM_HOLE, FIM_END)
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer as HFTokenizer
 
 
 class FimPlacement(enum.Enum):
@@ -50,10 +56,11 @@ class SpecialIds:
     fim_end: int
 
     @classmethod
-    def from_tokenizer(cls, tok) -> SpecialIds:
-        ids = [tok.token_to_id(name) for name in SPECIAL_TOKENS]
-        if None in ids:
-            missing = [name for name, i in zip(SPECIAL_TOKENS, ids, strict=True) if i is None]
+    def from_tokenizer(cls, tok: HFTokenizer) -> SpecialIds:
+        found = {name: tok.token_to_id(name) for name in SPECIAL_TOKENS}
+        ids = [i for i in found.values() if i is not None]
+        if len(ids) < len(found):
+            missing = [name for name, i in found.items() if i is None]
             raise ValueError(f"tokenizer lacks special tokens {missing}")
         return cls(*ids)
 
@@ -104,7 +111,7 @@ def psm_ids(ids: SpecialIds, prefix: list[int], suffix: list[int], middle: list[
 
 
 def encode_plain(
-    tok, texts: list[str], ids: SpecialIds, cache: dict[str, np.ndarray] | None = None
+    tok: HFTokenizer, texts: list[str], ids: SpecialIds, cache: dict[str, np.ndarray] | None = None
 ) -> list[np.ndarray]:
     """Each text as `<bos>text<eos>` (uint16 token ids); with a cache, each distinct text is encoded once."""
     if cache is None:
@@ -116,7 +123,7 @@ def encode_plain(
 
 
 def encode_documents(
-    tok,
+    tok: HFTokenizer,
     texts: list[str],
     ids: SpecialIds,
     rng: random.Random,
@@ -158,7 +165,7 @@ def split_pieces(segment: np.ndarray, max_tokens: int | None, rng: random.Random
 
 
 def fim_windows(
-    tok,
+    tok: HFTokenizer,
     windows: list[np.ndarray],
     ids: SpecialIds,
     rng: random.Random,
