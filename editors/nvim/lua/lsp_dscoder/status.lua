@@ -13,6 +13,7 @@ local generating = {} ---@type table<integer, boolean> bufnr -> request in fligh
 local last_ttft_ms = nil ---@type number?
 local last_shown = nil ---@type string?
 local failure = nil ---@type string? why the model did not load / the server did not start
+local load_ended = false -- a load progress has ended since the server started: before, it is loading
 
 --- @class lsp_dscoder.StatusInfo
 --- @field state lsp_dscoder.State
@@ -33,7 +34,7 @@ function M.info(running, ready)
   if not running then
     return info
   end
-  if work or not ready then
+  if work or not ready or not load_ended then
     info.state, info.progress = M.State.LOADING, work
   elseif next(generating) then
     info.state = M.State.GENERATING
@@ -81,6 +82,7 @@ function M.on_progress(params)
     work.percentage = value.percentage or work.percentage
   elseif value.kind == 'end' then
     progress[params.token] = nil
+    load_ended = true
     -- The server ends its load progress with `ready` or `failed: <reason>`.
     local reason = type(value.message) == 'string' and value.message:match('^failed:%s*(.*)$')
     if reason then
@@ -120,7 +122,7 @@ end
 
 --- Forget the server's progress and requests (it exited); a failure stays shown.
 function M.reset()
-  progress, generating = {}, {}
+  progress, generating, load_ended = {}, {}, false
   changed()
 end
 
