@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lsp_dscoder.prompt_parts import Budgets
+
 SECTION = "dscoder"
 
 
@@ -53,6 +55,9 @@ class DType(enum.Enum):
     FLOAT16 = "float16"
 
 
+_BUDGETS = Budgets()  # the defaults
+
+
 @dataclass(frozen=True)
 class Settings:
     # Engine: changing any of these reloads the model.
@@ -61,13 +66,13 @@ class Settings:
     dtype: DType = DType.AUTO
     max_context: int = 4096  # KV cache length per slot, in tokens
     num_slots: int = 4  # documents whose KV stays cached (LRU)
-    # Prompt budgets, in tokens.
-    context_tokens: int = 1024  # other open documents
-    prefix_tokens: int = 1536  # text before the edit anchor
-    suffix_tokens: int = 512  # text after the cursor
-    middle_tokens: int = 256  # text from the anchor to the cursor; past this the anchor moves
-    anchor_lines: int = 4  # typing this many lines below the anchor keeps it
-    truncation_step_tokens: int = 256  # a fresh prefix cut leaves this much room to grow into
+    # Prompt budgets, in tokens: the fields of `prompt_parts.Budgets` (meanings and defaults there).
+    context_tokens: int = _BUDGETS.context_tokens
+    prefix_tokens: int = _BUDGETS.prefix_tokens
+    suffix_tokens: int = _BUDGETS.suffix_tokens
+    middle_tokens: int = _BUDGETS.middle_tokens
+    anchor_lines: int = _BUDGETS.anchor_lines
+    truncation_step_tokens: int = _BUDGETS.truncation_step_tokens
     context_files: int = 8  # at most this many other documents in the context
     # Decoding and responses.
     max_tokens: int = 128
@@ -235,7 +240,7 @@ _ROOM_FIELDS = ("max_context", "max_tokens", "middle_tokens")
 def prompt_room(s: Settings) -> int:
     """Tokens left in the context for the prompt's head (context, prefix, suffix): what the prompt
     builder scales its budgets into (`Budgets.fit`)."""
-    return s.max_context - s.max_tokens - s.middle_tokens - 4
+    return Budgets.of(s).room(s.max_context, s.max_tokens)
 
 
 def _too_small(s: Settings, room: int, fallback: Settings) -> str:
