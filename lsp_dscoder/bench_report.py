@@ -82,6 +82,10 @@ def summarize(
         "steps_before_partial": _dist(r.get(steps_key) for _, r in engine) if steps_key else _dist(()),
         "prefilled_tokens": _dist(r.get("prefilledTokens") for _, r in engine),
         "client_memory_ms": _dist(client_ms.get(k.call.id) for k in memory),
+        "keys": [  # each keystroke as sent and as the server recorded it
+            {"typed": k.typed, "through": k.through, "client_ms": client_ms.get(k.call.id), "record": r}
+            for k, r in zip(keys, records, strict=True)
+        ],
     }
 
 

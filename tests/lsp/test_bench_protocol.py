@@ -41,6 +41,9 @@ def test_protocol_bench_answers_every_keystroke(tiny_model: Path) -> None:
     assert doc["client_memory_ms"]["n"] == sources["memory"]
     assert doc["engine_ttft_ms"]["n"] <= sources["engine"]
     assert 0 <= doc["cancels_sent"] < KEYSTROKES  # the first keystroke's previous request was answered
+    keys = doc["keys"]
+    assert len(keys) == KEYSTROKES and sum(k["through"] for k in keys) == doc["typed_through"]
+    assert [k["record"]["v"] for k in keys] == list(range(2, KEYSTROKES + 2))  # one version per keystroke
 
 
 def test_client_reads_the_servers_request_log_line() -> None:
