@@ -91,6 +91,13 @@ class DocumentProtocol(DscoderProtocol):
 
             future.add_done_callback(forget)
 
+    def _handle_cancel_notification(self, msg_id: Any) -> None:
+        if msg_id not in self._request_futures:
+            # Answered already (editors cancel as they type on): normal, not worth pygls' warning.
+            log.debug("cancel for request %s, already answered", msg_id)
+            return
+        super()._handle_cancel_notification(msg_id)
+
     # pygls' own handlers would also keep a copy of each document; these only call the server's.
     def _user(self, method: str, params: Any) -> None:
         if (handler := self.fm.features.get(method)) is not None:

@@ -273,3 +273,13 @@ def test_closing_a_document_lets_its_text_go():
     docs.close(URI)
     gc.collect()
     assert ref() is None and len(docs) == 0
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_cancel_after_the_answer_is_not_a_warning(server):
+    doc = server.open("file:///work/late-cancel.py", BODY)
+    request = server.inline(doc, 1, 4)
+    await request.result()
+    server.cancel(request)  # editors cancel as the user types on, answered or not
+    await server.stats()  # after the cancel, in order
+    assert "Cancel notification for unknown message id" not in server.log_file.read_text()
