@@ -63,8 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ppl-tokens", type=int, default=32768, help="tokens scored for perplexity")
     parser.add_argument("--ppl-window", type=int, default=1024)
     parser.add_argument("--timing-runs", type=int, default=5)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="auto", help="auto (cuda if visible, else cpu), cpu, cuda[:N]")
+    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on cuda, float32 on cpu), ...")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -184,9 +184,9 @@ def exact_match(
 
 @torch.inference_mode()
 def perplexity(
-    folder: Path, docs: list[Doc], max_tokens: int, window: int, dtype: torch.dtype
+    folder: Path, docs: list[Doc], max_tokens: int, window: int, device: torch.device, dtype: torch.dtype
 ) -> dict[str, Any]:
-    """Token-level perplexity of `<bos>file<eos>` windows via the engine's reference forward on CPU.
+    """Token-level perplexity of `<bos>file<eos>` windows via the engine's reference forward.
 
     Files are taken in the given order until max_tokens are scored (pass them shuffled).
     """
@@ -197,9 +197,10 @@ def perplexity(
 
     cfg = ModelConfig.from_file(folder / "config.json")
     tok = Tokenizer(folder)
-    cpu = torch.device("cpu")
-    weights = load_weights(folder, cfg, cpu, dtype)
-    built = assemble(cfg, weights, num_slots=1, max_context=window, device=cpu, dtype=dtype, fast_path=False)
+    weights = load_weights(folder, cfg, device, dtype)
+    built = assemble(
+        cfg, weights, num_slots=1, max_context=window, device=device, dtype=dtype, fast_path=False
+    )
     model, cache = built.model, built.cache
     nll, count, chars = 0.0, 0, 0
     for doc in docs:
@@ -251,6 +252,7 @@ def ttft(engine: Engine, docs: list[Doc], runs: int) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from lsp_dscoder.bundled import default_model_path
     from lsp_dscoder.engine import Engine, EngineConfig
+    from lsp_dscoder.engine.config import resolve
 
     folder = args.model or default_model_path()
     docs = load_heldout(args.data, default_model_path() if args.data is None else folder)
@@ -260,7 +262,8 @@ def run(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     report: dict[str, Any] = {"model": str(folder), "heldout_files": len(docs), "seed": args.seed}
     report |= {**asdict(budgets), "context_files": args.context_files}
-    config = EngineConfig(model=folder, device=args.device, dtype=args.dtype, max_context=4096, num_slots=4)
+    device, dtype = resolve(args.device, args.dtype)
+    config = EngineConfig(model=folder, device=device, dtype=dtype, max_context=4096, num_slots=4)
     with Engine(config) as engine:
         tok, line_stop = engine.tokenizer, ("\n",)
         lines = line_cases(docs, args.samples, rng)
@@ -280,7 +283,9 @@ def run(args: argparse.Namespace) -> int:
         report["fim"] = exact_match(engine, fim_cases(docs, args.samples, rng), psm, (), 96)
         report["ttft"] = ttft(engine, docs, args.timing_runs)
     shuffled = rng.sample(docs, len(docs))
-    report["ppl"] = perplexity(folder, shuffled, args.ppl_tokens, args.ppl_window, config.torch_dtype)
+    report["ppl"] = perplexity(
+        folder, shuffled, args.ppl_tokens, args.ppl_window, torch.device(device), config.torch_dtype
+    )
     if args.json:
         print(json.dumps(report, indent=1, ensure_ascii=False))
         return 0
@@ -297,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         ("FIM exact match (1-3 lines)", em["fim"], f"{args.samples} cases"),
         ("perplexity (tokens)", f"{ppl['perplexity']:.3f}", f"{ppl['tokens']} tokens"),
         ("bits per character", f"{ppl['bits_per_char']:.3f}", ""),
-        ("TTFT, 1024-token prompt", f"{times['prompt_1024_ms']:.0f} ms", f"{args.device} {args.dtype}"),
+        ("TTFT, 1024-token prompt", f"{times['prompt_1024_ms']:.0f} ms", f"{device} {dtype}"),
         ("TTFT, +4 typed tokens", f"{times['keystroke_4_ms']:.0f} ms", "prefix reused"),
     ]
     print(f"{folder} on {len(docs)} held-out files, seed {args.seed}")
