@@ -229,6 +229,7 @@ async def test_malformed_requests_get_a_json_rpc_error_and_no_popup(tiny_model):
     assert not [line for line in await stderr_lines(process) if "Traceback" in line]
 
 
+@pytest.mark.slow  # three server processes
 @pytest.mark.asyncio
 async def test_stderr_has_warnings_only_by_default(tiny_model, tmp_path):
     for extra, expect_info in (((), False), (("--log-level", "info"), True)):
@@ -273,6 +274,7 @@ def stalled_model(tiny_model, tmp_path) -> Path:
     return folder
 
 
+@pytest.mark.slow  # starts torch in the server (several seconds on 2 busy cores)
 @pytest.mark.asyncio
 @pytest.mark.parametrize("how", ["exit", "stdin closed"])
 async def test_exit_while_the_model_is_loading(stalled_model, how):
