@@ -7,7 +7,7 @@ every server module that names them) stays light at run time.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ class BackendTokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, ids: list[int] | tuple[int, ...]) -> str: ...
+    def decode(self, ids: Sequence[int]) -> str: ...
 
 
 class Handle(Protocol):
