@@ -150,8 +150,7 @@ class Completer:
         record.source = Source.ENGINE
 
         def done(gen: Generation, completion: Any) -> None:
-            engine_stats = completion.stats.as_dict() if completion is not None else None
-            record.completed(engine_stats, gen.shaper.rule.value)
+            record.completed(None if completion is None else completion.stats, gen.shaper.rule.value)
 
         gen = Generation(
             handle,

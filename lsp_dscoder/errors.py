@@ -10,10 +10,6 @@ class ServerError(Exception):
     """Base class for the refusals the language server makes."""
 
 
-class NotReadyError(ServerError):
-    """The engine is still loading (or failed to load); the request gets an empty result."""
-
-
 class ProtocolMisuse(ServerError):
     """The client sent a request that cannot refer to anything; answered with InvalidParams (-32602)."""
 

@@ -6,8 +6,7 @@ import enum
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
-from types import SimpleNamespace
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -78,8 +77,6 @@ class RequestRecord:
 
     def completed(self, engine: CompletionStats | None, stop_rule: str | None) -> None:
         """The engine request ended: its stats (None if it failed)."""
-        if isinstance(engine, Mapping):  # a caller still passing `CompletionStats.as_dict()`
-            engine = SimpleNamespace(**engine)
         self.engine, self._engine_done = engine, True
         self.stop_rule = stop_rule
         self._maybe_finish()
@@ -111,6 +108,7 @@ class RequestRecord:
             "prefilledTokens": None if e is None else e.prefilled_tokens,
             "generatedTokens": None if e is None else e.generated_tokens,
             "decodeTokensPerS": rate,
+            "stepsToText": None if e is None else e.steps_to_text,
             "stopReason": stop,
             "stopRule": self.stop_rule,
         }
@@ -120,6 +118,7 @@ class RequestRecord:
         keys = (
             *("source", "outcome", "firstPartialMs", "promptMs", "queueMs", "engineTtftMs", "responseMs"),
             *("promptTokens", "reusedTokens", "prefilledTokens", "generatedTokens", "decodeTokensPerS"),
+            "stepsToText",
             *("stopReason", "stopRule"),
         )
         fields = " ".join(f"{k}={d[k]}" for k in keys if d[k] is not None)
