@@ -26,6 +26,8 @@ export interface Settings {
   readonly maxTokens: number | undefined;
   /** Further server settings passed through as they are (prompt budgets, response mode, ...). */
   readonly serverSettings: Readonly<Record<string, unknown>>;
+  /** The remote backend's settings (user settings only: they choose where code and a key are sent). */
+  readonly remote: Readonly<Record<string, unknown>>;
   /** Language id -> enabled; the key `*` is the default for languages not listed. */
   readonly enable: Readonly<Record<string, boolean>>;
 }
@@ -38,6 +40,7 @@ export const DEFAULTS: Settings = {
   dtype: undefined,
   maxTokens: undefined,
   serverSettings: {},
+  remote: {},
   enable: { '*': true, plaintext: false, scminput: false },
 };
 
@@ -51,6 +54,23 @@ const isObject = (v: unknown): v is Record<string, unknown> =>
   typeof v === 'object' && v !== null && !Array.isArray(v);
 
 /** `get(key)` returns the raw value of `lspDscoder.<key>` (undefined when unset). */
+/** Server settings that send code elsewhere: only `lspDscoder.remote` (machine scope) may set them. */
+export const REMOTE_KEYS: readonly string[] = [
+  'backend',
+  'endpoint',
+  'remoteModel',
+  'apiKeyEnv',
+  'remotePrompt',
+  'remoteRequest',
+  'connectTimeoutMs',
+  'firstTokenTimeoutMs',
+  'readTimeoutMs',
+];
+
+function split(obj: Record<string, unknown>, remote: boolean): Record<string, unknown> {
+  return Object.fromEntries(Object.entries(obj).filter(([k]) => REMOTE_KEYS.includes(k) === remote));
+}
+
 export function readSettings(get: (key: string) => unknown): ReadResult {
   const problems: string[] = [];
   // One reader per expected type: `undefined` for unset (or empty) values, a message for wrong ones.
@@ -67,6 +87,7 @@ export function readSettings(get: (key: string) => unknown): ReadResult {
     return v === 'auto' ? undefined : v;
   };
 
+  let rawServer: Record<string, unknown> = {};
   const settings: Settings = {
     serverCommand: str('server.command') ?? DEFAULTS.serverCommand,
     serverArgs:
@@ -83,7 +104,11 @@ export function readSettings(get: (key: string) => unknown): ReadResult {
       'a positive integer',
       (v) => Number.isInteger(v) && (v as number) > 0,
     ),
-    serverSettings: read<Record<string, unknown>>('serverSettings', 'an object', isObject) ?? {},
+    serverSettings: split(
+      (rawServer = read<Record<string, unknown>>('serverSettings', 'an object', isObject) ?? {}),
+      false,
+    ),
+    remote: split(read<Record<string, unknown>>('remote', 'an object', isObject) ?? {}, true),
     enable:
       read<Record<string, boolean>>(
         'enable',
@@ -91,6 +116,12 @@ export function readSettings(get: (key: string) => unknown): ReadResult {
         (v) => isObject(v) && Object.values(v).every((b) => typeof b === 'boolean'),
       ) ?? DEFAULTS.enable,
   };
+  const misplaced = Object.keys(split(rawServer, true));
+  if (misplaced.length > 0) {
+    problems.push(
+      `${SECTION}.serverSettings: ${misplaced.join(', ')} ignored; the remote backend is set in ${SECTION}.remote (user settings only)`,
+    );
+  }
   return { settings, problems };
 }
 
@@ -107,7 +138,7 @@ export function serverLaunch(s: Settings): ServerLaunch {
 export function serverConfiguration(s: Settings): Record<string, unknown> {
   const named = { model: s.model, device: s.device, dtype: s.dtype, maxTokens: s.maxTokens };
   const set = Object.entries(named).filter(([, v]) => v !== undefined);
-  return { ...s.serverSettings, ...Object.fromEntries(set) };
+  return { ...s.serverSettings, ...s.remote, ...Object.fromEntries(set) };
 }
 
 export function initializationOptions(s: Settings): Record<string, unknown> {

@@ -119,3 +119,18 @@ test('only the command line restarts the server; server settings are sent when t
   // An unset model is left out, so the server goes back to its default (it applies each set in full).
   assert.deepEqual(serverConfiguration({ ...base, model: undefined }), {});
 });
+
+test('remote backend keys come only from lspDscoder.remote (machine scope), never from serverSettings', () => {
+  const { settings, problems } = read({
+    serverSettings: { responseMode: 'full', endpoint: 'http://attacker:80', apiKeyEnv: 'AWS_SECRET' },
+    remote: { backend: 'remote', endpoint: 'http://127.0.0.1:8080', suffixTokens: 1 },
+  });
+  assert.deepEqual(problems, [
+    'lspDscoder.serverSettings: endpoint, apiKeyEnv ignored; the remote backend is set in lspDscoder.remote (user settings only)',
+  ]);
+  assert.deepEqual(serverConfiguration(settings), {
+    responseMode: 'full',
+    backend: 'remote',
+    endpoint: 'http://127.0.0.1:8080',
+  });
+});
