@@ -7,30 +7,20 @@ every server module that names them) stays light at run time.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
+
+from lsp_dscoder.prompt_parts import FimTokenizer
 
 if TYPE_CHECKING:
     from lsp_dscoder.engine.api import Completion, CompletionRequest, TokenEvent
 
 
-class BackendTokenizer(Protocol):
-    """The tokenizer of the loaded model: FIM markers and text <-> ids."""
+class BackendTokenizer(FimTokenizer, Protocol):
+    """The tokenizer of the loaded model: what the prompt builder uses, and the end of sequence."""
 
-    @property
-    def bos_id(self) -> int: ...
     @property
     def eos_id(self) -> int: ...
-    @property
-    def fim_begin_id(self) -> int: ...
-    @property
-    def fim_hole_id(self) -> int: ...
-    @property
-    def fim_end_id(self) -> int: ...
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
 
 
 class Handle(Protocol):
