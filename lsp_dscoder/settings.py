@@ -130,28 +130,15 @@ def _enum(kind: type[enum.Enum]) -> Callable[[Any], enum.Enum]:
     return check
 
 
-def _device(value: Any) -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
-        raise ValueError(f"expected 'auto', 'cpu', 'cuda' or 'cuda:N', got {value!r}")
-    return value
+def _text(pattern: str, expected: str) -> Callable[[Any], str]:
+    """A string that `pattern` matches as a whole."""
 
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or not re.fullmatch(pattern, value):
+            raise ValueError(f"expected {expected}, got {value!r}")
+        return value
 
-def _url(value: Any) -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"https?://[^/?#@\s]+(/[^?#\s]*)?", value):
-        raise ValueError(f"expected an http(s)://host:port URL, got {value!r}")
-    return value
-
-
-def _env_name(value: Any) -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
-        raise ValueError(f"expected the name of an environment variable, got {value!r}")
-    return value
-
-
-def _name(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"expected a model name, got {value!r}")
-    return value
+    return check
 
 
 def _json_object(value: Any) -> Mapping[str, Any]:
@@ -160,15 +147,11 @@ def _json_object(value: Any) -> Mapping[str, Any]:
     return dict(value)
 
 
-def _path(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"expected a folder path, got {value!r}")
-    return value
-
+_NOT_BLANK = r"(?s).*\S.*"
 
 _CHECKS: dict[str, Callable[[Any], Any]] = {
-    "model": _optional(_path),
-    "device": _device,
+    "model": _optional(_text(_NOT_BLANK, "a folder path")),
+    "device": _text(r"auto|cpu|cuda(:\d+)?", "'auto', 'cpu', 'cuda' or 'cuda:N'"),
     "dtype": _enum(DType),
     "max_context": _int_in(64, 1 << 20),
     "num_slots": _int_in(1, 64),
@@ -185,9 +168,9 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "deadline_ms": _optional(_int_in(1, 3_600_000)),
     "completion_fallback": _enum(CompletionFallback),
     "backend": _enum(BackendKind),
-    "endpoint": _optional(_url),
-    "remote_model": _optional(_name),
-    "api_key_env": _optional(_env_name),
+    "endpoint": _optional(_text(r"https?://[^/?#@\s]+(/[^?#\s]*)?", "an http(s)://host:port URL")),
+    "remote_model": _optional(_text(_NOT_BLANK, "a model name")),
+    "api_key_env": _optional(_text(r"[A-Za-z_][A-Za-z0-9_]*", "the name of an environment variable")),
     "remote_prompt": _enum(RemotePrompt),
     "connect_timeout_ms": _int_in(1, 600_000),
     "first_token_timeout_ms": _int_in(1, 600_000),
