@@ -137,10 +137,6 @@ class Documents:
         """Whether `doc` at `version` is still what the editor has: the one version check."""
         return self._docs.get(doc.uri) is doc and doc.version == version and doc.out_of_sync is None
 
-    def version(self, uri: str) -> int | None:
-        doc = self._docs.get(uri)
-        return None if doc is None else doc.version
-
     def state(self, uri: str) -> tuple[int, int] | None:
         """(serial, version) of an open document: what a request was made against."""
         doc = self._docs.get(uri)

@@ -161,19 +161,12 @@ class DscoderServer(LanguageServer):
         snap = Snapshot(doc.uri, doc.version, doc.text, cursor, doc.language_id, lambda: self._context(doc))
         return snap, at
 
-    def position(self, doc: Document, offset: int) -> types.Position:
-        line, character = doc.position_at(offset, self.encoding)
-        return types.Position(line=line, character=character)
-
     def arrived(self, msg_id: Any) -> tuple[int, int] | None:
         """(serial, version) of the document when request `msg_id` arrived (None: unknown, not open)."""
         return self.arrivals.pop(msg_id, None)
 
     def is_current(self, doc: Document, snap: Snapshot) -> bool:
         return self.documents.is_current(doc, snap.version)
-
-    def current_version(self, uri: str) -> int | None:
-        return self.documents.version(uri)
 
     def completion_items_wanted(self) -> bool:
         """Whether `textDocument/completion` answers: by default only for clients that cannot show inline
