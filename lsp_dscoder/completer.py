@@ -130,7 +130,7 @@ class Completer:
         if log.isEnabledFor(logging.DEBUG):
             text = builder.tokenizer.decode(prompt.ids)
             log.debug("request %s prompt (%d tokens): %r", record.request_id, len(prompt.ids), text)
-        session.started(prompt.head, prompt.middle_pieces, None)
+        session.started(prompt.head, prompt.middle_pieces)
         ctx = CursorContext.at(snap.text, snap.cursor)
         s = self.settings
         deadline = None if s.deadline_ms is None else time.monotonic() + s.deadline_ms / 1000.0
@@ -161,6 +161,6 @@ class Completer:
             on_done=done,
             errors=self.host.engine_errors,
         )
-        session.started(prompt.head, prompt.middle_pieces, gen)
+        session.generation = gen
         gen.start()
         return gen

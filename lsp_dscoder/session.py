@@ -195,9 +195,10 @@ class DocumentSession:
             return list(self.known)
         return self.known[: len(self.known) - gen.rewound] + gen.pieces
 
-    def started(self, head: Head, middle: Sequence[Piece], generation: Generation | None) -> None:
-        """A prompt was built (and its generation started): what the slot will hold from now on."""
-        self.head, self.known, self.generation = head, list(middle), generation
+    def started(self, head: Head, middle: Sequence[Piece]) -> None:
+        """A prompt was built: what the slot will hold from now on (its generation, once submitted, adds
+        to it)."""
+        self.head, self.known, self.generation = head, list(middle), None
 
     def forget(self) -> None:
         """Nothing cached refers to the engine any more (new engine or new budgets)."""
