@@ -113,5 +113,7 @@ class KVCache:
         cached = best.logits_at(len(prompt) - 1) if n == len(prompt) else None
         # The last prompt token must be run through the model unless its logits are cached.
         reused = n if cached is not None else min(n, len(prompt) - 1)
-        best.truncate(n)  # rows past the common prefix are stale; the prefix itself stays valid
+        # Rows past `reused` are rewritten: a last prompt token cached without its logits is run again
+        # (or healed, its row then taken by the token that spells it again).
+        best.truncate(reused)
         return Match(slot=best, reused=reused, cached_logits=cached)

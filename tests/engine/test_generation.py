@@ -80,6 +80,17 @@ def test_typing_through_prefills_zero_tokens(engine: Engine) -> None:
         assert b.token_ids == a.token_ids[k:]  # greedy: the rest of the same suggestion
 
 
+def test_prompt_ending_inside_cached_tokens_without_logits_runs_its_last_token(tiny_model: Path) -> None:
+    cfg = EngineConfig(model=tiny_model, max_context=256, num_slots=1)
+    with Engine(cfg) as warm, Engine(cfg) as cold:
+        prompt = fim_prompt(warm, "import os\n\ndef main", "\n")
+        warm.complete(req(prompt, max_tokens=3))
+        shorter = prompt[:-3]  # its last token is cached, the logits after it are not
+        a, b = warm.complete(req(shorter, max_tokens=4)), cold.complete(req(shorter, max_tokens=4))
+        assert (a.stats.reused_tokens, a.stats.prefilled_tokens) == (len(shorter) - 1, 1)
+        assert a.token_ids == b.token_ids
+
+
 def test_cancel_stops_within_one_step_and_cache_is_kept(engine: Engine) -> None:
     prompt = fim_prompt(engine, "for i in range(10):\n    ", "\n")
     cancel = threading.Event()
