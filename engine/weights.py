@@ -56,23 +56,14 @@ class Weights:
 
 
 def expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    c, i, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    c, v = cfg.hidden_size, cfg.vocab_size
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, c), "model.norm.weight": (c,)}
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (v, c)
     for n in range(cfg.num_layers):
         p = f"model.layers.{n}."
-        shapes |= {
-            p + "input_layernorm.weight": (c,),
-            p + "post_attention_layernorm.weight": (c,),
-            p + "self_attn.q_proj.weight": (cfg.q_size, c),
-            p + "self_attn.k_proj.weight": (cfg.kv_size, c),
-            p + "self_attn.v_proj.weight": (cfg.kv_size, c),
-            p + "self_attn.o_proj.weight": (c, cfg.q_size),
-            p + "mlp.gate_proj.weight": (i, c),
-            p + "mlp.up_proj.weight": (i, c),
-            p + "mlp.down_proj.weight": (c, i),
-        }
+        shapes |= {p + "input_layernorm.weight": (c,), p + "post_attention_layernorm.weight": (c,)}
+        shapes |= {f"{p}{name}.weight": shape for name, shape in linear_shapes(cfg).items()}
     return shapes
 
 
