@@ -1,6 +1,6 @@
-"""A raw JSON-RPC client for `lsp-dscoder bench --protocol`: asyncio pipes, its own Content-Length
-framing, no pygls, no pytest-lsp, so that the time it measures is the server's and the pipes', not a
-client library's.
+"""A raw JSON-RPC client for `lsp-dscoder bench --protocol`: asyncio pipes and the server's own
+Content-Length framing (`framing.Framer`), no pygls, no pytest-lsp, so that the time it measures is the
+server's and the pipes', not a client library's.
 
 Every message read is stamped with `time.monotonic()` as soon as its body is in: the clock the server's
 own request records use, so client and server durations are comparable on one machine. The server's
@@ -18,6 +18,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+from lsp_dscoder.framing import Framer
 
 PARTIAL = "dscoder/partialCompletion"
 _FIELD = re.compile(r"(\w+)=(\S+)")
@@ -86,7 +88,7 @@ class RpcClient:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            limit=1 << 24,  # one partial or response line can be long; stderr lines too
+            limit=1 << 24,  # a stderr line can be long
         )
         return cls(proc)
 
@@ -148,16 +150,12 @@ class RpcClient:
     async def _read_stdout(self) -> None:
         reader = self.proc.stdout
         assert reader is not None
-        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
-            while True:
-                header = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":", 1)[1])
-                    for line in header.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                message = json.loads(await reader.readexactly(length))
-                await self._dispatch(message, time.monotonic())
+        framer = Framer(lambda reason: self.stderr_tail.append(f"(client) bad framing on stdout: {reason}"))
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(1 << 16):
+                read = time.monotonic()
+                for body in framer.feed(data):
+                    await self._dispatch(json.loads(body), read)
         self.exited = True
         for c in self.calls.values():  # nothing more will come: wake whoever waits
             c.answered.set()
