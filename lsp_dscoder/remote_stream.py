@@ -103,7 +103,6 @@ class StreamDecoder:
         self._emit = emit
         self.token_ids: list[int] = []
         self.count = 0  # events that carried generated text or a token
-        self.remote_text: list[str] = []  # the endpoint's own text, to check the local tokenizer against
         self.stopped = False  # a stop string was found
         self.finish_reason: str | None = None
         self.timings: Mapping[str, Any] | None = None
@@ -124,7 +123,6 @@ class StreamDecoder:
         self.finish_reason = chunk.finish_reason or self.finish_reason
         if self.stopped:
             return
-        self.remote_text.append(chunk.text)
         if chunk.token_ids is None:
             if chunk.text:
                 self._push(None, chunk.text)
