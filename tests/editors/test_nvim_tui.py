@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.editors.conftest import PLUGIN_DIR, TIMEOUT_S
+from tests.editors.conftest import PLUGIN_DIR, TIMEOUT_S, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -81,14 +81,7 @@ class Tui:
         return self.nvim.exec_lua(code, *args)
 
     def wait_for(self, fn: Callable[[], T], what: str, timeout: float = TIMEOUT_S) -> T:
-        deadline = time.monotonic() + timeout
-        value = fn()
-        while not value:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {value!r}")
-            time.sleep(0.02)
-            value = fn()
-        return value
+        return wait_for(fn, what, timeout, poll_s=0.02)
 
     def wait_screen(self, test: Callable[[str], bool], what: str) -> str:
         try:
