@@ -4,6 +4,7 @@ names, malformed messages, load progress, and document snapshots in the client's
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import json
 import logging
@@ -33,7 +34,6 @@ STATS = "dscoder/stats"
 log = logging.getLogger(__name__)
 _SYNC = (types.TEXT_DOCUMENT_DID_OPEN, types.TEXT_DOCUMENT_DID_CHANGE)
 _AT_POSITION = (types.TEXT_DOCUMENT_INLINE_COMPLETION, types.TEXT_DOCUMENT_COMPLETION)
-_MAX_ARRIVALS = 1024
 
 
 class _Refused:
@@ -63,11 +63,9 @@ class DocumentProtocol(DscoderProtocol):
             return
         if getattr(message, "method", None) in _AT_POSITION and hasattr(message, "id"):
             # pygls starts an async handler on a later turn of the loop, after the edits that follow the
-            # request in the same read have been applied: remember the version the request was made for.
-            arrivals = self._server.arrivals
-            arrivals[message.id] = self._server.documents.state(message.params.text_document.uri)
-            if len(arrivals) > _MAX_ARRIVALS:  # cancelled before their handler ever ran
-                del arrivals[next(iter(arrivals))]
+            # request in the same read have been applied: the handler's task, created now, keeps a copy
+            # of the context and with it the version the request was made for (as pygls does its msg_id).
+            self._server.arrival.set(self._server.documents.state(message.params.text_document.uri))
         super().handle_message(message)
 
     def _execute_handler(
@@ -125,7 +123,10 @@ class DscoderServer(LanguageServer):
         self.settings = base
         self.stats = Stats()
         self.documents = Documents()
-        self.arrivals: dict[Any, tuple[int, int] | None] = {}  # request id -> (serial, version), oldest first
+        # (serial, version) of the document when the request being handled arrived (None: not open)
+        self.arrival: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
+            "arrival", default=None
+        )
         self.host = EngineHost()
         self.completer = Completer(self.host, base, self.stats)
         self.shutdown_requested = False
@@ -160,10 +161,6 @@ class DscoderServer(LanguageServer):
         at = types.Position(line=position.line, character=character)
         snap = Snapshot(doc.uri, doc.version, doc.text, cursor, doc.language_id, lambda: self._context(doc))
         return snap, at
-
-    def arrived(self, msg_id: Any) -> tuple[int, int] | None:
-        """(serial, version) of the document when request `msg_id` arrived (None: unknown, not open)."""
-        return self.arrivals.pop(msg_id, None)
 
     def is_current(self, doc: Document, snap: Snapshot) -> bool:
         return self.documents.is_current(doc, snap.version)

@@ -38,7 +38,7 @@ async def _suggest(
     """The suggestion for a position and the cursor's position, or None when there is none or the
     document changed meanwhile."""
     request_id = ls.protocol.msg_id
-    arrived = ls.arrived(request_id)
+    arrived = ls.arrival.get()
     try:
         doc = ls.document(uri)
         if arrived is not None and arrived != (doc.serial, doc.version):
