@@ -23,10 +23,9 @@ from lsp_dscoder.engine.api import Completion, CompletionRequest, StopReason, To
 from lsp_dscoder.engine.checkpoint import resolve_model
 from lsp_dscoder.engine.config import EngineConfig, ModelConfig
 from lsp_dscoder.engine.errors import CheckpointError, ContextOverflowError, EngineClosedError, EngineError
+from lsp_dscoder.engine.factory import ReferenceRunner as ReferenceRunner  # where callers have found it
 from lsp_dscoder.engine.factory import assemble
-from lsp_dscoder.engine.generate import Interrupted, generate
-from lsp_dscoder.engine.kv_cache import KVCache
-from lsp_dscoder.engine.model import Transformer
+from lsp_dscoder.engine.generate import generate
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.engine.weights import load_weights
 
@@ -136,24 +135,6 @@ class CompletionHandle:
     def _raise(self) -> None:
         if self._error is not None:
             raise self._error
-
-
-class ReferenceRunner:
-    """Plain PyTorch on any device: the oracle. Stops between layers when `interrupted` says so."""
-
-    def __init__(self, model: Transformer, cache: KVCache) -> None:
-        self.model, self.cache = model, cache
-
-    def prefill(
-        self, ids: torch.Tensor, start: int, slot: int, interrupted: Interrupted | None = None
-    ) -> torch.Tensor | None:
-        return self.model.forward_interruptible(ids, start, self.cache, slot, interrupted=interrupted)
-
-    def decode(
-        self, token: int, pos: int, slot: int, interrupted: Interrupted | None = None
-    ) -> torch.Tensor | None:
-        ids = torch.tensor([token], dtype=torch.long, device=self.model.device)
-        return self.model.forward_interruptible(ids, pos, self.cache, slot, interrupted=interrupted)
 
 
 class Engine:

@@ -15,7 +15,7 @@ import torch
 
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.errors import EngineError
-from lsp_dscoder.engine.generate import Runner
+from lsp_dscoder.engine.generate import Interrupted, Runner
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.weights import Weights
@@ -33,6 +33,24 @@ class Assembly:
     runner: Runner
     fast_path: bool
     warmup_s: float  # kernel compile + graph capture (0 on the reference path)
+
+
+class ReferenceRunner:
+    """Plain PyTorch on any device: the oracle. Stops between layers when `interrupted` says so."""
+
+    def __init__(self, model: Transformer, cache: KVCache) -> None:
+        self.model, self.cache = model, cache
+
+    def prefill(
+        self, ids: torch.Tensor, start: int, slot: int, interrupted: Interrupted | None = None
+    ) -> torch.Tensor | None:
+        return self.model.forward_interruptible(ids, start, self.cache, slot, interrupted=interrupted)
+
+    def decode(
+        self, token: int, pos: int, slot: int, interrupted: Interrupted | None = None
+    ) -> torch.Tensor | None:
+        ids = torch.tensor([token], dtype=torch.long, device=self.model.device)
+        return self.model.forward_interruptible(ids, pos, self.cache, slot, interrupted=interrupted)
 
 
 def _triton_available() -> bool:
@@ -71,8 +89,6 @@ def assemble(
 ) -> Assembly:
     """Cache, transformer and runner for `weights`. The fast path compiles and captures here; if it fails
     to start and was not asked for explicitly, the reference path serves (logged)."""
-    from lsp_dscoder.engine.engine import ReferenceRunner  # engine.py builds through this module
-
     fast = wants_fast_path(fast_path, device, cfg)
     if fast:  # imported here: Triton is an optional dependency, needed only on CUDA
         from lsp_dscoder.engine.fast import BUCKETS, FastRunner
