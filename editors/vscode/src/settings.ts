@@ -53,7 +53,6 @@ export interface ReadResult {
 const isObject = (v: unknown): v is Record<string, unknown> =>
   typeof v === 'object' && v !== null && !Array.isArray(v);
 
-/** `get(key)` returns the raw value of `lspDscoder.<key>` (undefined when unset). */
 /** Server settings that send code elsewhere: only `lspDscoder.remote` (machine scope) may set them. */
 export const REMOTE_KEYS: readonly string[] = [
   'backend',
@@ -71,6 +70,7 @@ function split(obj: Record<string, unknown>, remote: boolean): Record<string, un
   return Object.fromEntries(Object.entries(obj).filter(([k]) => REMOTE_KEYS.includes(k) === remote));
 }
 
+/** `get(key)` returns the raw value of `lspDscoder.<key>` (undefined when unset). */
 export function readSettings(get: (key: string) => unknown): ReadResult {
   const problems: string[] = [];
   // One reader per expected type: `undefined` for unset (or empty) values, a message for wrong ones.
