@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from lsp_dscoder.engine.awq import AwqConfig, check_divisible
+from lsp_dscoder.engine.awq import GROUP_SIZES, AwqConfig, check_divisible
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.errors import CheckpointError
 from lsp_dscoder.engine.tokenizer import Tokenizer
@@ -48,9 +48,8 @@ class QuantizeOptions:
     shard_bytes: int = SHARD_BYTES
 
     def __post_init__(self) -> None:
-        AwqConfig(group_size=self.group_size)  # validated on read; checked the same way here
-        if self.group_size not in (32, 64, 128):
-            raise ValueError(f"group_size must be 32, 64 or 128, got {self.group_size}")
+        if self.group_size not in GROUP_SIZES:  # what the reader accepts
+            raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {self.group_size}")
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.seq_len < 2 or self.max_sequences < 1 or self.grid < 1:
@@ -179,7 +178,7 @@ def write_checkpoint(src: Path, dst: Path, tensors: dict[str, torch.Tensor], opt
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", type=Path, help="bf16/fp16/fp32 checkpoint folder")
     p.add_argument("dst", type=Path, help="folder for the AWQ checkpoint (created)")
-    p.add_argument("--group-size", type=int, default=128, choices=(32, 64, 128))
+    p.add_argument("--group-size", type=int, default=128, choices=GROUP_SIZES)
     p.add_argument("--method", default="awq", choices=METHODS, help="awq: activation-aware scales; rtn: none")
     p.add_argument("--calibration", type=Path, nargs="+", help="code files for calibration (default: stdlib)")
     p.add_argument("--seq-len", type=int, default=512, help="calibration sequence length in tokens")
