@@ -5,7 +5,6 @@ announced once, refused without network until its backoff has passed, and found 
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,14 +16,9 @@ from lsp_dscoder.engine.api import CompletionRequest, SamplingParams, StopReason
 from lsp_dscoder.remote import RemoteBackend, RemoteConfig
 from lsp_dscoder.remote_http import Endpoint, EndpointDownError
 from tests.remote.bad_server import BadServer
+from tests.remote.llama_server import free_port
 
 PROMPT = (0, 5, 6, 7)  # token ids: the bad server does not read them
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -171,7 +165,7 @@ def test_http_500_and_silence_mark_the_endpoint_down(server: BadServer) -> None:
 
 def test_nothing_listening(caplog: pytest.LogCaptureFixture) -> None:
     notes = Notes()
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     with _backend(url, notes) as backend:
         _wait(lambda: notes.messages)
         stats = backend.stats()
