@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from lsp_dscoder.engine.awq import GROUP_SIZES, AwqConfig, check_divisible
 from lsp_dscoder.engine.config import ModelConfig
@@ -29,6 +28,7 @@ from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.engine.weights import INDEX, SINGLE, linear_shapes, shard_map
 from lsp_dscoder.kernels.awq_format import pack_int4, quantize_groups
 from lsp_dscoder.quantize_search import DenseLayer, ScaleChoice, run_layer
+from lsp_dscoder.training.checkpoint import save_tensors
 
 METHODS = ("awq", "rtn")
 COPIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json")
@@ -149,27 +149,7 @@ def write_checkpoint(src: Path, dst: Path, tensors: dict[str, torch.Tensor], opt
     raw["quantization_config"] = AwqConfig(group_size=opts.group_size).to_dict()
     raw["torch_dtype"] = "float16"  # AutoAWQ's dtype for everything that is not packed
     (dst / "config.json").write_text(json.dumps(raw, indent=2) + "\n", encoding="utf-8")
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > opts.shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t
-        size += nbytes
-    meta = {"format": "pt"}
-    if len(shards) == 1:
-        save_file(shards[0], str(dst / SINGLE), metadata=meta)
-    else:
-        weight_map: dict[str, str] = {}
-        for i, shard in enumerate(shards):
-            file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(dst / file), metadata=meta)
-            weight_map |= dict.fromkeys(shard, file)
-        total = sum(t.numel() * t.element_size() for t in tensors.values())
-        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (dst / INDEX).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    save_tensors(dst, tensors, opts.shard_bytes, single=SINGLE)
     for name in COPIED:
         if (src / name).exists():
             shutil.copyfile(src / name, dst / name)

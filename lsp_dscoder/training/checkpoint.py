@@ -107,29 +107,41 @@ def save(model, config, folder: Path, max_shard_bytes: int) -> None:
 
     Written with safetensors directly so that the layout does not depend on the transformers version.
     """
+    state = {k: v.detach().to(torch.bfloat16).cpu().contiguous() for k, v in model.state_dict().items()}
+    save_tensors(folder, state, max_shard_bytes)
+    (folder / "config.json").write_text(json.dumps(deepseek_config_json(config), indent=2) + "\n")
+    generation = {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id}
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+
+def save_tensors(
+    folder: Path, tensors: dict[str, torch.Tensor], max_shard_bytes: int, single: str | None = None
+) -> None:
+    """Safetensors shards of at most `max_shard_bytes` (a larger tensor gets one of its own) and their
+    `model.safetensors.index.json`; with `single` given, tensors that fit in one shard go to that one file
+    without an index."""
     from safetensors.torch import save_file
 
-    state = {k: v.detach().to(torch.bfloat16).cpu().contiguous() for k, v in model.state_dict().items()}
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
-    for name, tensor in state.items():
+    for name, tensor in tensors.items():
         nbytes = tensor.numel() * tensor.element_size()
         if shards[-1] and size + nbytes > max_shard_bytes:
             shards.append({})
             size = 0
         shards[-1][name] = tensor
         size += nbytes
+    if single is not None and len(shards) == 1:
+        save_file(shards[0], str(folder / single), metadata={"format": "pt"})
+        return
     weight_map = {}
     for i, shard in enumerate(shards, 1):
         filename = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, str(folder / filename), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(shard, filename))
-    total = sum(t.numel() * t.element_size() for t in state.values())
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    (folder / "config.json").write_text(json.dumps(deepseek_config_json(config), indent=2) + "\n")
-    generation = {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id}
-    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
 
 @torch.no_grad()
