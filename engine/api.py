@@ -92,6 +92,10 @@ class CompletionStats:
     # decode steps run after the first sampled token before the first visible text (0: the first token
     # was visible); None when no text was produced. Token healing's cost, in forwards.
     steps_to_text: int | None = None
+    # from the start of generation to the first visible text (the user's first character, as the engine
+    # sees it); None when no text was produced. ttft_s is the first *sampled* token, which with token
+    # healing may only spell typed text again.
+    text_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)

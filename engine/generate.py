@@ -165,6 +165,7 @@ def generate(
     ttft: float | None = None
     first_at = time.perf_counter()
     steps, steps_to_text = 0, None  # forwards after the first sample; those before visible text
+    text_at: float | None = None
     heal = begin.heal  # still to be spelled by the generated tokens, and not emitted
     while stop is None:
         assert logits is not None
@@ -189,7 +190,7 @@ def generate(
             heal, visible = heal[n:], piece[n:]
         text, hit = stops.push(visible)
         if text and steps_to_text is None:
-            steps_to_text = steps
+            steps_to_text, text_at = steps, time.perf_counter()
         rewound = begin.rewound if len(out) == 1 else 0
         emit(TokenEvent(index=len(out) - 1, token_id=token, text=text, piece=piece, rewound=rewound))
         if hit:
@@ -212,7 +213,7 @@ def generate(
         tail = stops.push(decoder.flush())[0] + stops.flush()
         if tail:
             if steps_to_text is None:
-                steps_to_text = steps
+                steps_to_text, text_at = steps, time.perf_counter()
             emit(TokenEvent(index=len(out), token_id=None, text=tail))
     done = time.perf_counter()
     decode_s = done - first_at
@@ -228,5 +229,6 @@ def generate(
         stop_reason=stop,
         slot=slot.index,
         steps_to_text=steps_to_text,
+        text_s=text_at - started if text_at is not None else None,
     )
     return Completion(text=stops.text[: stops.emitted], token_ids=tuple(out), stats=stats)
