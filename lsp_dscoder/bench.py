@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-startup", action="store_true", help="skip the cold/second start measurement")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--startup-probe", help=argparse.SUPPRESS)
+    p.add_argument("--backend", choices=["local", "remote"], default="local", help="remote: see --endpoint")
+    p.add_argument("--endpoint", help="remote: OpenAI-compatible server (default: start llama.cpp's)")
+    p.add_argument("--remote-model", help="remote: the served model's name")
     from lsp_dscoder.bench_protocol import add_protocol_arguments
 
     add_protocol_arguments(p.add_argument_group("--protocol"))
@@ -127,6 +130,10 @@ def exact_rotary(hf: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.backend == "remote":
+        from lsp_dscoder.bench_remote import run_remote
+
+        return run_remote(args)
     if args.protocol:
         from lsp_dscoder.bench_protocol import run_protocol
 

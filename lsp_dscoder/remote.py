@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import http.client
+import json
 import logging
 import os
 import socket
@@ -48,8 +49,10 @@ from lsp_dscoder.remote_http import (
     RemoteError,
     abort,
     check_status,
+    encode_json,
     model_ids,
     request_json,
+    send_json,
     set_read_timeout,
     sse_events,
 )
@@ -58,14 +61,16 @@ from lsp_dscoder.settings import Settings
 
 log = logging.getLogger(__name__)
 
+TRACE_ENV = "LSP_DSCODER_REMOTE_TRACE"
 _WORKERS = 8  # requests in flight at once (one per document being completed, and probes)
 
 
 class RemoteHandle(CompletionHandle):
     """A CompletionHandle whose cancel also cuts the HTTP stream, so the engine stops at once."""
 
-    def __init__(self, request: CompletionRequest) -> None:
+    def __init__(self, request: CompletionRequest, seq: int) -> None:
         super().__init__(request)
+        self.seq = seq  # the backend's count of requests when this one came
         self._conn_lock = threading.Lock()
         self._conn: http.client.HTTPConnection | None = None
 
@@ -115,6 +120,8 @@ class RemoteBackend:
             0,
         )  # fmt: skip
         self._ttfts: deque[float] = deque(maxlen=1000)
+        # each request's body and stage times, appended as a JSON line: `bench --backend remote` replays them
+        self._trace = os.environ.get(TRACE_ENV) or None
         self._last_backend: dict[str, Any] | None = None
         self.health.start()  # probes now (a keep-alive connection for the first keystroke), then on failure
 
@@ -131,9 +138,9 @@ class RemoteBackend:
         if bad := [t for t in request.prompt_ids if not 0 <= t < vocab]:
             raise EngineError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         self.health.check()  # EndpointDownError while the endpoint is down and its retry has not come
-        handle = RemoteHandle(request)
         with self._lock:
             self._counters["requests"] += 1
+            handle = RemoteHandle(request, self._counters["requests"])
             self._inflight.add(handle)
         self._workers.submit(self._run, handle)
         return handle
@@ -214,6 +221,9 @@ class RemoteBackend:
         heal_ids = self.tokenizer.encode(request.heal_text) if request.heal_text else []
         ids = list(request.prompt_ids) + heal_ids
         decoder.healed(heal_ids)
+        clock = _Stages(handle.submitted_at, started)
+        data = encode_json(self._body(ids, request))
+        clock.mark("encode")
         ttft: float | None = None
         error: str | None = None
         stop: StopReason
@@ -224,14 +234,21 @@ class RemoteBackend:
             conn = self._pool.acquire()
             handle.attach(conn)
             set_read_timeout(conn, self._timeout(request, self.config.first_token_timeout_s))
+            clock.mark("connection")
             path = self.endpoint.path("/v1/completions")
-            response = request_json(conn, "POST", path, self._headers(), self._body(ids, request))
+            send_json(conn, "POST", path, self._headers(), data)
+            clock.mark("write")
+            response = conn.getresponse()
+            clock.mark("response")
             check_status(response)
-            for data in sse_events(response):
+            for event in sse_events(response):
+                if ttft is None:
+                    clock.mark("firstChunk")  # the chunk that carries the first text is the last marked
                 before = decoder.count
-                decoder.feed(parse_chunk(data))
+                decoder.feed(parse_chunk(event))
                 if ttft is None and decoder.count > len(heal_ids) and decoder.count > before:
                     ttft = time.perf_counter() - started
+                    clock.mark("parse")
                 if decoder.stopped:
                     raise _Cancelled  # a stop string the endpoint did not apply: stop it here
                 set_read_timeout(conn, self._timeout(request, self.config.read_timeout_s))
@@ -251,6 +268,14 @@ class RemoteBackend:
                 conn.close()
         text = decoder.finish()
         self._finish(handle, decoder, text, ids, started, ttft, stop, error)
+        if self._trace is not None:  # after the stream: the trace costs the keystroke nothing
+            self._write_trace(handle.seq, data, clock.ms if ttft is not None else None)
+
+    def _write_trace(self, seq: int, data: bytes, stages: dict[str, float] | None) -> None:
+        assert self._trace is not None
+        line = b'{"seq":%d,"stagesMs":%s,"body":%s}\n' % (seq, json.dumps(stages).encode(), data)
+        with self._lock, open(self._trace, "ab") as f:
+            f.write(line)
 
     def _timeout(self, request: CompletionRequest, seconds: float) -> float:
         if request.deadline is None:
@@ -327,6 +352,19 @@ class RemoteBackend:
             self.model = models[0]
         elif self.model is not None and models and self.model not in models:
             log.warning("%s serves %s, not %r", self.endpoint, ", ".join(models), self.model)
+
+
+class _Stages:
+    """Where a request's time went up to its first text (ms per stage), for the trace."""
+
+    def __init__(self, submitted: float, started: float) -> None:
+        self.ms = {"queue": 1e3 * (started - submitted)}
+        self._last = started
+
+    def mark(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.ms[stage] = self.ms.get(stage, 0.0) + 1e3 * (now - self._last)
+        self._last = now
 
 
 class _Cancelled(Exception):

@@ -162,15 +162,25 @@ def set_read_timeout(conn: http.client.HTTPConnection, seconds: float) -> None:
         conn.sock.settimeout(max(seconds, 1e-3))
 
 
-def request_json(
-    conn: http.client.HTTPConnection, method: str, path: str, headers: dict[str, str], body: Any = None
-) -> http.client.HTTPResponse:
-    """Send a request; returns the response once its status line and headers are in."""
-    data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+def encode_json(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def send_json(
+    conn: http.client.HTTPConnection, method: str, path: str, headers: dict[str, str], data: bytes | None
+) -> None:
+    """Write a request (its body already encoded)."""
     head = {"Accept": "text/event-stream, application/json", **headers}
     if data is not None:
         head["Content-Type"] = "application/json"
     conn.request(method, path, body=data, headers=head)
+
+
+def request_json(
+    conn: http.client.HTTPConnection, method: str, path: str, headers: dict[str, str], body: Any = None
+) -> http.client.HTTPResponse:
+    """Send a request; returns the response once its status line and headers are in."""
+    send_json(conn, method, path, headers, None if body is None else encode_json(body))
     return conn.getresponse()
 
 

@@ -1,8 +1,9 @@
 """Convert a DeepSeek-Coder-format checkpoint folder to GGUF with llama.cpp's own converter.
 
-    python tests/remote/convert_gguf.py LLAMA_DIR CHECKPOINT OUT.gguf
+    python tests/remote/convert_gguf.py LLAMA_DIR CHECKPOINT OUT.gguf [OUTTYPE]
 
-LLAMA_DIR is what `install_llama_server.sh` prints (its `src/` holds the converter). Real DeepSeek-Coder
+LLAMA_DIR is what `install_llama_server.sh` prints (its `src/` holds the converter). OUTTYPE is the
+converter's `--outtype` (default f32; bf16 keeps a bf16 checkpoint's weights exactly). Real DeepSeek-Coder
 checkpoints convert with the converter as it is. The bundled model has a BPE tokenizer of its own, whose
 fingerprint the converter does not know: its pre-tokenizer is then declared `deepseek-coder` (the same
 kind of splits), which only matters to text prompts (the remote backend sends token ids), and a tokenizer
@@ -17,7 +18,7 @@ from typing import Any
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3:
+    if len(argv) not in (3, 4):
         print(__doc__, file=sys.stderr)
         return 2
     src = Path(argv[0]) / "src"
@@ -42,7 +43,8 @@ def main(argv: list[str]) -> int:
 
     base.TextModel.get_vocab_base_pre = vocab_pre
     llama.LlamaModel.set_vocab = set_vocab
-    sys.argv = ["convert_hf_to_gguf.py", argv[1], "--outfile", argv[2], "--outtype", "f32"]
+    outtype = argv[3] if len(argv) == 4 else "f32"
+    sys.argv = ["convert_hf_to_gguf.py", argv[1], "--outfile", argv[2], "--outtype", outtype]
     namespace = {"__name__": "convert_hf_to_gguf", "__file__": str(src / "convert_hf_to_gguf.py")}
     exec(compile((src / "convert_hf_to_gguf.py").read_text(), namespace["__file__"], "exec"), namespace)
     namespace["main"]()

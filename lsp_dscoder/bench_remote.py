@@ -1,0 +1,289 @@
+"""`lsp-dscoder bench --backend remote`: the protocol bench's keystroke session typed into
+`lsp-dscoder --stdio --backend remote`, and the very same requests sent straight to the endpoint.
+
+The server writes each request body it sends to a trace file (`LSP_DSCODER_REMOTE_TRACE`, after the
+stream ends, off the measured path). Once the session is over, those bodies are replayed in order by a
+bare `http.client` client on an already-open connection: request written -> first streamed chunk with
+text. Same token ids, same cache state in the endpoint (greedy, same order), so per keystroke the
+difference between the client's first partial and the direct time is what our server adds.
+
+Without --endpoint, llama.cpp's server (built by `tests/remote/install_llama_server.sh`) is started on
+the checkpoint converted to GGUF. `python -m lsp_dscoder.bench_remote LLAMA_DIR CHECKPOINT OUT [TYPE]`
+converts a checkpoint with llama.cpp's own converter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from lsp_dscoder.bench_protocol import SIZES, Plan, bench_server
+from lsp_dscoder.bench_report import _dist
+from lsp_dscoder.bundled import default_model_path
+from lsp_dscoder.remote import TRACE_ENV
+
+
+def llama_dir() -> Path:
+    """Where install_llama_server.sh put llama.cpp's server (its default or $LSP_DSCODER_LLAMA_DIR)."""
+    env = os.environ.get("LSP_DSCODER_LLAMA_DIR")
+    if env:
+        return Path(env)
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return cache / "lsp-dscoder" / "llama.cpp-0.3.36"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def convert(folder: Path, out: Path, outtype: str = "f32") -> Path:
+    """`folder` as GGUF at `out`, by llama.cpp's converter in a process of its own (it patches classes)."""
+    argv = [sys.executable, "-m", "lsp_dscoder.bench_remote", str(llama_dir()), str(folder), str(out)]
+    subprocess.run([*argv, outtype], check=True, capture_output=True)
+    return out
+
+
+class LlamaServer:
+    """llama.cpp's `llama-server` as a child process on a free loopback port."""
+
+    def __init__(
+        self, gguf: Path, log: Path, port: int | None = None, slots: int = 2, extra: tuple[str, ...] = ()
+    ) -> None:
+        self.gguf, self.log_path, self.slots, self.extra = gguf, log, slots, extra
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> LlamaServer:
+        binary = llama_dir() / "bin" / "llama-server"
+        args = [str(binary), "-m", str(self.gguf), "--host", "127.0.0.1", "--port", str(self.port)]
+        args += ["-c", str(4096 * self.slots), "-np", str(self.slots), "--metrics", "--no-webui"]
+        args += list(self.extra) or ["-t", "1"]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while True:
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(f"{self.url}/health", timeout=2) as r,
+            ):
+                if r.status == 200:
+                    return self
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server did not start: {self.log_path.read_text()[-2000:]}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@dataclass(frozen=True)
+class Direct:
+    """One request sent straight to the endpoint."""
+
+    ttft_ms: float | None  # request written -> first chunk with text (None: no text came)
+    cached: int | None  # prompt tokens from the endpoint's cache (llama.cpp `timings.cache_n`)
+    processed: int | None  # prompt tokens it computed (`timings.prompt_n`)
+
+
+def send_direct(host: str, port: int, path: str, body: bytes) -> Direct:
+    conn = http.client.HTTPConnection(host, port, timeout=60)
+    conn.connect()  # as the server's spare connection: no handshake on the keystroke
+    assert conn.sock is not None
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    head = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    started = time.perf_counter()
+    conn.request("POST", path, body, head)
+    response = conn.getresponse()
+    ttft: float | None = None
+    timings: dict[str, Any] = {}
+    while line := response.readline():
+        if not line.startswith(b"data: {"):
+            continue
+        chunk = json.loads(line[6:])
+        if ttft is None and any(c.get("text") for c in chunk.get("choices", [])):
+            ttft = (time.perf_counter() - started) * 1000.0
+        timings = chunk.get("timings") or timings
+    conn.close()
+    return Direct(ttft, timings.get("cache_n"), timings.get("prompt_n"))
+
+
+def replay(endpoint: str, trace: Path) -> list[tuple[dict[str, Any], Direct]]:
+    """Every traced request, in the order the server submitted them, sent again to the endpoint."""
+    lines = [json.loads(line) for line in trace.read_text().splitlines() if line]
+    parts = urlsplit(endpoint)
+    path = parts.path.rstrip("/").removesuffix("/v1") + "/v1/completions"
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    out = []
+    for entry in sorted(lines, key=lambda e: e["seq"]):
+        body = entry["body"]
+        out.append((body, send_direct(host, port, path, json.dumps(body, separators=(",", ":")).encode())))
+    return out
+
+
+def pair(documents: list[dict[str, Any]], direct: list[tuple[dict[str, Any], Direct]]) -> None:
+    """Adds to each document the direct times of its engine keystrokes and the rows built from them.
+    The server submitted, per document, its cold request and then each engine keystroke, in order."""
+    queue = iter(direct)
+    for doc in documents:
+        next(queue, None)  # the cold request
+        through, straight, diff, cached, processed, same = [], [], [], [], [], 0
+        for key in doc["keys"]:
+            record = key["record"]
+            if record.get("source") != "engine":
+                continue
+            body, d = next(queue, ({}, Direct(None, None, None)))
+            same += len(body.get("prompt", ())) == record.get("promptTokens")
+            straight.append(d.ttft_ms)
+            cached.append(d.cached)
+            processed.append(d.processed)
+            partial = key.get("client_ms")
+            through.append(partial)
+            if partial is not None and d.ttft_ms is not None:
+                diff.append(partial - d.ttft_ms)
+        doc["remote"] = {
+            "same_prompt_length": same,
+            "direct_ttft_ms": _dist(straight),
+            "through_ms": _dist(through),
+            "overhead_ms": _dist(diff),
+            "direct_cached_tokens": _dist(cached),
+            "direct_processed_tokens": _dist(processed),
+            "cached_tokens": _dist(k["record"].get("reusedTokens") for k in doc["keys"] if _engine(k)),
+            "processed_tokens": _dist(k["record"].get("prefilledTokens") for k in doc["keys"] if _engine(k)),
+        }
+
+
+def _engine(key: dict[str, Any]) -> bool:
+    return bool(key["record"].get("source") == "engine")
+
+
+ROWS = (
+    ("direct_ttft_ms", "direct: request written -> first chunk with text"),
+    ("through_ms", "through lsp-dscoder: keystroke -> first partial"),
+    ("overhead_ms", "difference per keystroke (our overhead)"),
+    ("cached_tokens", "endpoint's cached prompt tokens, per keystroke"),
+    ("processed_tokens", "endpoint's computed prompt tokens, per keystroke"),
+    ("direct_processed_tokens", "direct: computed prompt tokens, per keystroke"),
+)
+
+
+def _cell(d: dict[str, Any]) -> str:
+    return f"{d['p50']:.2f} / {d['p90']:.2f} (n={d['n']})" if d["n"] else "n/a"
+
+
+def print_remote(report: dict[str, Any]) -> None:
+    docs = report["documents"]
+    print(f"\n## {report['endpoint']} (tokenizer {report['model']})")
+    print("| p50 / p90 ms | " + " | ".join(f"{d['size']} ({d['tokens']} tokens)" for d in docs) + " |")
+    print("|---|" + "---|" * len(docs))
+    for key, name in ROWS:
+        print(f"| {name} | " + " | ".join(_cell(d["remote"][key]) for d in docs) + " |")
+    for key, name in (("round_trip_ms", "bare round trip (dscoder/stats)"),
+                      ("client_memory_ms", "typed through (from memory)")):  # fmt: skip
+        print(f"| {name} | " + " | ".join(_cell(d[key]) for d in docs) + " |")
+    for d in docs:
+        src = ", ".join(f"{k} {v}" for k, v in d["sources"].items() if v)
+        print(
+            f"{d['size']}: {d['keystrokes']} keystrokes ({src}), {d['answered']} answered, "
+            f"{d['errors']} errors, {d['stale']} stale; direct prompts of the same length: "
+            f"{d['remote']['same_prompt_length']}"
+        )
+    if report.get("stages"):
+        print("server stages, p50 ms: " + ", ".join(f"{k} {v}" for k, v in report["stages"].items()))
+
+
+def run_remote(args: argparse.Namespace) -> int:
+    sizes = tuple(s.strip().lower() for s in args.sizes.split(","))
+    if any(s not in SIZES for s in sizes) or args.keystrokes < 1:
+        print(f"lsp-dscoder: error: --sizes takes {', '.join(SIZES)}; --keystrokes >= 1", file=sys.stderr)
+        return 2
+    plan = Plan(sizes, args.keystrokes, args.interval_ms / 1000.0, args.round_trips)
+    folder = Path(args.model) if args.model else default_model_path()
+    with tempfile.TemporaryDirectory() as tmp, _endpoint(args.endpoint, folder, Path(tmp)) as endpoint:
+        trace = Path(tmp) / "trace.jsonl"
+        argv = ["env", f"{TRACE_ENV}={trace}", sys.executable, "-m", "lsp_dscoder", "--stdio", "--log-level"]
+        argv += ["info", "--backend", "remote", "--endpoint", endpoint, "--model", str(folder)]
+        argv += ["--remote-model", args.remote_model] if args.remote_model else []
+        result = asyncio.run(bench_server(argv, folder, plan, json.loads(args.settings)))
+        pair(result["documents"], replay(endpoint, trace))
+    report = {"endpoint": endpoint, "model": str(folder), "plan": plan.__dict__, **result}
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print_remote(report)
+    return 0
+
+
+@contextlib.contextmanager
+def _endpoint(url: str | None, folder: Path, tmp: Path) -> Iterator[str]:
+    if url is not None:
+        yield url
+        return
+    server = LlamaServer(convert(folder, tmp / "model.gguf"), tmp / "llama-server.log", slots=1).start()
+    try:
+        yield server.url
+    finally:
+        server.kill()
+
+
+def convert_main(argv: list[str]) -> int:
+    """llama.cpp's converter on a DeepSeek-Coder-format folder. The bundled model's BPE tokenizer has a
+    fingerprint the converter does not know: its pre-tokenizer is declared `deepseek-coder` (the same
+    splits; it matters only to text prompts), and a folder without `tokenizer.model` goes straight to the
+    BPE path instead of failing on a missing sentencepiece model."""
+    if len(argv) not in (3, 4):
+        print(__doc__, file=sys.stderr)
+        return 2
+    src = Path(argv[0]) / "src"
+    sys.path[:0] = [str(src), str(src / "gguf-py")]
+    from conversion import base, llama
+
+    known = base.TextModel.get_vocab_base_pre
+
+    def vocab_pre(self: Any, tokenizer: Any) -> str:
+        try:
+            return str(known(self, tokenizer))
+        except NotImplementedError:
+            return "deepseek-coder"
+
+    stock_vocab = llama.LlamaModel.set_vocab
+
+    def set_vocab(self: Any) -> None:
+        if (self.dir_model / "tokenizer.model").is_file():
+            stock_vocab(self)
+        else:
+            self._set_vocab_gpt2()
+
+    base.TextModel.get_vocab_base_pre = vocab_pre
+    llama.LlamaModel.set_vocab = set_vocab
+    outtype = argv[3] if len(argv) == 4 else "f32"
+    sys.argv = ["convert_hf_to_gguf.py", argv[1], "--outfile", argv[2], "--outtype", outtype]
+    script = src / "convert_hf_to_gguf.py"
+    namespace: dict[str, Any] = {"__name__": "convert_hf_to_gguf", "__file__": str(script)}
+    exec(compile(script.read_text(), str(script), "exec"), namespace)
+    namespace["main"]()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(convert_main(sys.argv[1:]))
