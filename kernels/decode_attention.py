@@ -9,6 +9,8 @@ from seq_len on the device, so the grid is fixed for a CUDA graph that replays a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -46,6 +48,7 @@ def _decode_kernel(
     out_ptr,  # (H, D), written when SPLIT is off
     part_o_ptr,  # (S, H, D) fp32, written when SPLIT is on
     part_lse_ptr,  # (S, H) fp32
+    count_ptr,  # (KVH,) int32, zero between launches: arrivals per KV head when FUSED
     max_ctx,
     num_splits,
     qk_scale,
@@ -55,6 +58,8 @@ def _decode_kernel(
     BLOCK_H: tl.constexpr,  # G padded to a tl.dot row count
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
+    FUSED: tl.constexpr,  # the split that arrives last merges the partials (no combine launch)
+    BLOCK_S: tl.constexpr,  # num_splits padded to a power of two
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
@@ -100,13 +105,46 @@ def _decode_kernel(
             part_row = split_id.to(tl.int64) * H + head  # (BLOCK_H,)
             tl.store(part_o_ptr + part_row[:, None] * D + d[None, :], o, mask=row_ok[:, None])
             tl.store(part_lse_ptr + part_row, m_i + tl.log2(l_i), mask=row_ok)
+        if FUSED:
+            # Every thread's partial is stored before the one release below makes them visible; splits
+            # past kv_len count too, so the last arrival knows every partial is in.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + kv_head, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                _, _, chunk = split_range(kv_len, 0, num_splits, BLOCK_N)
+                s_ok = tl.arange(0, BLOCK_S) < tl.cdiv(tl.maximum(kv_len, 1), chunk)
+                # One query head at a time: a (splits, D) tile of partials, all loads in flight at once.
+                for g_row in tl.static_range(G):
+                    row = kv_head * G + g_row
+                    part = tl.arange(0, BLOCK_S).to(tl.int64) * H + row  # (S,)
+                    # .cg: from L2, where the other splits' stores are, never a stale L1 line.
+                    lse = tl.load(part_lse_ptr + part, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+                    w = tl.exp2(lse - tl.max(lse, 0))  # (S,); absent splits weigh 0
+                    po = tl.load(
+                        part_o_ptr + part[:, None] * D + d[None, :],
+                        mask=s_ok[:, None],
+                        other=0.0,
+                        cache_modifier=".cg",
+                    )  # (S, D)
+                    merged = tl.sum(w[:, None] * po, 0) / tl.sum(w, 0)  # (D,)
+                    tl.store(out_ptr + row * D + d, merged.to(out_ptr.dtype.element_ty))
+                tl.atomic_xchg(count_ptr + kv_head, 0, sem="relaxed", scope="gpu")
     else:
         tl.store(out_ptr + qo_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-def _block_n() -> int:
+@dataclass(frozen=True)
+class DecodeTiles:
+    """Key tile, warps and pipeline stages of one launch."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def default_tiles() -> DecodeTiles:
     # The interpreter gets small tiles so that tests at small shapes cross tiles and split boundaries.
-    return 16 if interpreting() else 64
+    return DecodeTiles(16, 4, 1) if interpreting() else DecodeTiles()
 
 
 def decode_attention(
@@ -118,10 +156,15 @@ def decode_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     pdl: bool = False,
+    tiles: DecodeTiles | None = None,
+    counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one token q (H, D) or (1, H, D) over k_cache/v_cache (KVH, max_ctx, D) positions
     [0, seq_len); seq_len is a 1-element int32/int64 device tensor, >= 1, counting the current token (already
-    stored). Returns q's shape and dtype. num_splits: splits of the key range (None: from max_ctx and SMs)."""
+    stored). Returns q's shape and dtype. num_splits: splits of the key range (None: from max_ctx and SMs);
+    tiles: None for `default_tiles` (the tuning sweep passes others). counts: int32 (KVH,) zeros, kept by the
+    caller across launches (a CUDA graph needs fixed addresses): with it the last split to finish merges the
+    partials and no combine kernel runs; each launch leaves it at zero."""
     check_tensor("q", q, dtypes=FLOAT_DTYPES)
     if not (q.dim() == 2 or (q.dim() == 3 and q.shape[0] == 1)):
         raise ValueError(f"q must be (H, D) or (1, H, D), got {tuple(q.shape)}")
@@ -133,10 +176,16 @@ def decode_attention(
     check_pdl(pdl, q.device)
 
     group = n_heads // n_kv
-    block_n = _block_n()
+    tiles = tiles or default_tiles()
+    block_n = tiles.block_n
     splits = choose_num_splits(n_kv, max_ctx, block_n, q.device, num_splits)
     # Without splits the kernel writes `out` directly and never touches the partial pointers.
     part_o, part_lse = alloc_partials(splits, n_heads, head_dim, q.device) if splits > 1 else (out, out)
+    fused = counts is not None and splits > 1
+    if counts is not None:
+        check_tensor("counts", counts, ndim=1, dtypes=(torch.int32,), device=q.device)
+        if counts.numel() < n_kv:
+            raise ValueError(f"counts must hold one counter per KV head ({n_kv}), got {counts.numel()}")
     _decode_kernel[(n_kv, splits)](
         q,
         k_cache,
@@ -145,6 +194,7 @@ def decode_attention(
         out,
         part_o,
         part_lse,
+        counts if fused else out,  # never touched unless fused
         max_ctx,
         splits,
         sm_scale * LOG2E,
@@ -154,14 +204,16 @@ def decode_attention(
         BLOCK_H=max(16, triton.next_power_of_2(group)),
         BLOCK_N=block_n,
         SPLIT=splits > 1,
+        FUSED=fused,
+        BLOCK_S=triton.next_power_of_2(splits),
         UPCAST=dot_operands_fp32(q.dtype),
         PRECISION=dot_precision(q.dtype),
-        num_warps=4,
-        num_stages=3,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
         PDL=pdl,
         **launch_options(pdl),
     )
-    if splits > 1:
+    if splits > 1 and not fused:
         combine_splits(part_o, part_lse, out.view(n_heads, head_dim), seq_len, 0, max_ctx, block_n, pdl)
     return out
 

@@ -158,10 +158,12 @@ def extend_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     pdl: bool = False,
+    tiles: Tiles | None = None,
 ) -> torch.Tensor:
     """Causal attention of q (T, H, D) at positions start..start+T-1 over k_cache/v_cache (KVH, max_ctx, D)
     positions [0, start + T); start is a 1-element int32/int64 device tensor. Returns (T, H, D) in q.dtype.
-    num_splits: splits of the key range (None: from the shapes and the SM count)."""
+    num_splits: splits of the key range (None: from the shapes and the SM count). tiles: None for
+    `tiles_for` (the tuning sweep passes others)."""
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     n_tok, n_heads, head_dim = q.shape
     check_head_dim(head_dim)
@@ -173,7 +175,7 @@ def extend_attention(
     check_pdl(pdl, q.device)
 
     group = n_heads // n_kv
-    tiles = tiles_for(n_tok * group)
+    tiles = tiles or tiles_for(n_tok * group)
     row_blocks = triton.cdiv(n_tok * group, tiles.block_m)
     splits = choose_num_splits(row_blocks * n_kv, max_ctx, tiles.block_n, q.device, num_splits)
     # Without splits the kernel writes `out` directly and never touches the partial pointers.

@@ -52,6 +52,33 @@ def test_matches_reference(
     torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize(
+    ("n_heads", "n_kv", "seq_len", "splits"),
+    [
+        (4, 2, 37, 3),  # three 16-key shares, the last one partial
+        (7, 1, 5, 4),  # 7:1 groups (the 33B shape's); three of four splits past seq_len
+        (3, 3, 64, 4),  # MHA, the cache full
+    ],
+)
+def test_fused_combine_matches_reference(n_heads: int, n_kv: int, seq_len: int, splits: int) -> None:
+    """The last split to arrive merges the partials; the counters are back at zero for the next launch,
+    so a second launch at another length (as a graph replay would) is right too."""
+    q = torch.randn(n_heads, 16).to(torch.bfloat16)
+    k_cache, v_cache = make_cache(n_kv, 16, MAX_CTX, torch.bfloat16)
+    counts = torch.zeros(n_kv + 1, dtype=torch.int32)  # a spare counter: only the first n_kv are used
+    atol, rtol = TOL[torch.bfloat16]
+    for length in (seq_len, 17):
+        at = torch.tensor([length], dtype=torch.int32)
+        out = torch.full_like(q, float("nan"))
+
+        decode_attention(q, k_cache, v_cache, at, 0.25, out=out, num_splits=splits, counts=counts)
+
+        torch.testing.assert_close(
+            out, decode_attention_ref(q, k_cache, v_cache, at, 0.25), atol=atol, rtol=rtol
+        )
+        assert counts.tolist() == [0] * (n_kv + 1)
+
+
 def test_token_axis_and_extend_agree() -> None:
     """(1, H, D) keeps its shape and gives what extend_attention gives for one token at seq_len - 1."""
     q = torch.randn(1, 4, 16)
