@@ -49,7 +49,8 @@ class FastRunner:
     """Runner (engine/generate.py) on the fast path. `graphs=False` runs the kernels eagerly (the CPU test
     suite does so under TRITON_INTERPRET=1). `gemm` for steps of <= MAX_M tokens: "cublas", "skinny", or
     "auto" (the faster per graph bucket, timed in `capture`; eager steps take the skinny GEMM). `pdl`: launch
-    with programmatic dependent launch (sm_90+); None: where the GPU supports it."""
+    with programmatic dependent launch (sm_90+); None: where the GPU supports it. `fused_combine`: decode
+    attention merges its splits in its last program instead of a second kernel."""
 
     def __init__(
         self,
@@ -59,6 +60,7 @@ class FastRunner:
         buckets: tuple[int, ...] = BUCKETS,
         gemm: str = "auto",
         pdl: bool | None = False,
+        fused_combine: bool = False,
     ) -> None:
         if gemm not in GEMM_CHOICES:
             raise ValueError(f"gemm must be one of {GEMM_CHOICES}, got {gemm!r}")
@@ -81,6 +83,12 @@ class FastRunner:
         self.skinny = gemm != "cublas"  # read by `linear` while a forward is traced or run
         self.pdl = pdl_supported(dev) if pdl is None else pdl
         self.chosen: dict[int, str] = {}  # bucket -> "cublas" | "skinny", filled by capture
+        self.graph_pool_bytes = 0  # GPU memory of the captured graphs, measured by capture
+        # Decode attention's arrival counters (one per KV head, zero between launches): with them the last
+        # split merges the partials itself, one launch a layer fewer.
+        self.attn_counts = (
+            torch.zeros(cfg.num_kv_heads, dtype=torch.int32, device=dev) if fused_combine else None
+        )
         # Split-K partials for the widest layer matrix; one workspace serves every launch of a step.
         widest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
         self.workspace = SkinnyWorkspace.allocate(widest, 8, dev) if gemm != "cublas" else None
@@ -130,7 +138,9 @@ class FastRunner:
                 qkv, self.cos_sin, start, k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads, pdl=pdl
             )
             if t == 1:
-                attn = decode_attention(q, k_cache, v_cache, seq_len, self.scale, pdl=pdl)  # (1, H, D)
+                attn = decode_attention(  # (1, H, D)
+                    q, k_cache, v_cache, seq_len, self.scale, pdl=pdl, counts=self.attn_counts
+                )
             else:
                 attn = extend_attention(q, k_cache, v_cache, start, self.scale, pdl=pdl)  # (T, H, D)
             o = self.linear(attn.view(t, cfg.q_size), layer.wo, aq.wo if aq else None)  # (T, C)
@@ -190,6 +200,10 @@ class FastRunner:
                     self.skinny = choice == "skinny"
                     self.forward(self.ids[:b], self.start, self.last, 0)
         torch.cuda.current_stream().wait_stream(side)
+        # The pool's size is what the captures add to the reserved memory, cached free blocks released on
+        # both sides so that only the graphs' own segments count.
+        torch.cuda.empty_cache()
+        reserved = torch.cuda.memory_reserved()
         self.pool = torch.cuda.graph_pool_handle()  # one memory pool for every graph of this runner
         # Graphs that lost a timing stay alive until every capture into the shared pool is done: freeing
         # the only graphs of a pool releases it, and a later capture into it fails.
@@ -205,6 +219,8 @@ class FastRunner:
         self.skinny = self.gemm != "cublas"
         torch.cuda.synchronize()
         losers.clear()
+        torch.cuda.empty_cache()
+        self.graph_pool_bytes = torch.cuda.memory_reserved() - reserved
 
     def _choices(self, bucket: int) -> tuple[str, ...]:
         if bucket > MAX_M or self.gemm == "cublas":
