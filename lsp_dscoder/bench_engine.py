@@ -19,7 +19,9 @@ from typing import Any
 import torch
 
 from lsp_dscoder.engine.config import ModelConfig
-from lsp_dscoder.engine.factory import Assembly, assemble
+from lsp_dscoder.engine.factory import Assembly
+from lsp_dscoder.engine.kv_cache import KVCache
+from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.weights import Weights
 
 # name: (new tokens, cached prefix)
@@ -63,10 +65,28 @@ def floor_ms(cfg: ModelConfig, new: int, prefix: int, floors: dict[str, float]) 
 
 def start_engine(cfg: ModelConfig, weights: Weights, max_context: int, slots: int = 1) -> Assembly:
     """The fast path as the engine builds it, on CUDA in bf16."""
+    return start_engine_measured(cfg, weights, max_context, slots)[0]
+
+
+def start_engine_measured(
+    cfg: ModelConfig, weights: Weights, max_context: int, slots: int = 1, **options: Any
+) -> tuple[Assembly, dict[str, int]]:
+    """start_engine, built piece by piece as engine/factory.py's `assemble` does (fast path only), with the
+    GPU memory of each piece measured around its allocation: the KV buffer, the runner's own buffers (rotary
+    table, split-K workspace), the CUDA-graph pool. `options` go to FastRunner (probes of variants)."""
+    from lsp_dscoder.engine.fast import BUCKETS, FastRunner
+
     dev, dt = torch.device("cuda"), torch.bfloat16
-    return assemble(
-        cfg, weights, num_slots=slots, max_context=max_context, device=dev, dtype=dt, fast_path=True
-    )
+    before = torch.cuda.memory_allocated()
+    cache = KVCache(cfg, slots, max_context, dev, dt, pad=max(BUCKETS))
+    kv = torch.cuda.memory_allocated() - before
+    started = time.perf_counter()
+    before = torch.cuda.memory_allocated()
+    runner = FastRunner(Transformer(cfg, weights, cache.capacity), cache, **options)
+    buffers = torch.cuda.memory_allocated() - before
+    runner.capture()
+    built = Assembly(runner.model, cache, runner, True, time.perf_counter() - started)
+    return built, {"kv_buffer": kv, "runner_buffers": buffers, "graph_pool": runner.graph_pool_bytes}
 
 
 def startup_times(shape: str) -> dict[str, float | None]:
@@ -84,8 +104,10 @@ def startup_times(shape: str) -> dict[str, float | None]:
 
 
 def parity(built: Assembly, hf: Any, cfg: ModelConfig) -> dict[str, float]:
-    """Logits of a 512-token prompt: fast vs reference vs transformers (bf16) vs transformers in fp32."""
-    from lsp_dscoder.bench import exact_rotary
+    """Logits of a 512-token prompt: fast vs reference vs transformers (bf16) vs transformers in fp32.
+    The fp32 rows need an fp32 copy of the weights next to the bf16 ones: skipped where it does not fit
+    (the 33B shape: 132 GB more)."""
+    from lsp_dscoder.bench_build import share
 
     ids = torch.randint(2, cfg.vocab_size, (512,), device="cuda")
     fast = built.runner.prefill(ids, 0, 0)
@@ -95,27 +117,61 @@ def parity(built: Assembly, hf: Any, cfg: ModelConfig) -> dict[str, float]:
     if hf is not None:
         with torch.no_grad():
             hf_bf16 = hf(ids[None], logits_to_keep=1).logits[0].float()
-            truth = hf.float()(ids[None], logits_to_keep=1).logits[0].float()
-            hf.to(torch.bfloat16)
-            exact_rotary(hf)
-        rows |= {
-            "fast vs transformers": (fast, hf_bf16),
-            "fast vs fp32": (fast, truth),
-            "reference vs fp32": (ref, truth),
-            "transformers bf16 vs fp32": (hf_bf16, truth),
-        }
+            rows["fast vs transformers"] = (fast, hf_bf16)
+            free, _ = torch.cuda.mem_get_info()
+            if free > 2.2 * sum(p.numel() * p.element_size() for p in hf.parameters()):
+                truth = hf.float()(ids[None], logits_to_keep=1).logits[0].float()
+                share(hf, cfg, built.model.w)  # back onto the bf16 tensors; the fp32 copies go
+                rows |= {
+                    "fast vs fp32": (fast, truth),
+                    "reference vs fp32": (ref, truth),
+                    "transformers bf16 vs fp32": (hf_bf16, truth),
+                }
     return {k: float((a - b).norm() / b.norm()) for k, (a, b) in rows.items()}
 
 
-def bench_model(label: str, cfg: ModelConfig, weights: Weights, hf: Any, reps: int) -> dict[str, Any]:
+def bench_model(
+    label: str, cfg: ModelConfig, weights: Weights, hf: Any, reps: int, memory: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """The scenario table of one model. `memory`: bytes already measured (weights), to which the engine's
+    pieces and the peak are added."""
     floors = measure_floors()
-    built = start_engine(cfg, weights, max_context=8192 + 64)
+    torch.cuda.reset_peak_memory_stats()
+    built, pieces = start_engine_measured(cfg, weights, max_context=8192 + 64)
     result: dict[str, Any] = {"model": label, "floors": floors, "warmup_s": built.warmup_s, "rows": []}
     result["parity_rel_l2"] = parity(built, hf, cfg)
     for name, (new, prefix) in SCENARIOS.items():
         row = measure(built.runner, hf, cfg, new, prefix, reps, floors)
         result["rows"].append({"scenario": name, **row})
+    result["memory_bytes"] = {**(memory or {}), **pieces, "peak": torch.cuda.max_memory_allocated()}
     return result
+
+
+def run_engine(args: Any) -> int:
+    """The engine benchmark over random-weight shapes (args as `lsp-dscoder bench` parses them): one shape
+    at a time, each model and its transformers twin freed before the next is built."""
+    from lsp_dscoder.bench import _has_transformers
+    from lsp_dscoder.bench_build import build_shape, release
+
+    with_hf = not args.no_transformers and _has_transformers()
+    results = []
+    for shape in (args.shapes or "1.3b,6.7b").split(","):
+        release()
+        built = build_shape(shape, with_hf)
+        memory = {"weights": built.weight_bytes, "transformers_twin": built.twin_bytes}
+        label = f"DeepSeek-Coder {shape} shape, random weights"
+        r = bench_model(label, built.cfg, built.weights, built.hf, args.reps, memory)
+        del built
+        release()
+        if not args.no_startup:
+            r["startup"] = startup_times(shape)
+        results.append(r)
+        if not args.json:
+            print_table(r)
+    if args.json:
+        gpu = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+        print(json.dumps({**gpu, "results": results}, indent=2))
+    return 0
 
 
 def measure(
@@ -192,7 +248,27 @@ def print_table(r: dict[str, Any]) -> None:
         f"{k}: {v:.1f} s" if v is not None else f"{k}: failed" for k, v in r.get("startup", {}).items()
     )
     print(f"warm-up in this process: {r['warmup_s']:.1f} s; {starts}")
+    if "memory_bytes" in r:
+        print(
+            "GPU memory (GB, measured around each allocation): "
+            + ", ".join(f"{k.replace('_', ' ')} {v / 1e9:.2f}" for k, v in r["memory_bytes"].items())
+        )
     print(
         "logits rel. L2 error (512-token prompt): "
         + ", ".join(f"{k} {v:.2e}" for k, v in r["parity_rel_l2"].items())
     )
+
+
+def main() -> int:
+    """`python -m lsp_dscoder.bench_engine` takes `lsp-dscoder bench`'s options (random-weight shapes)."""
+    import argparse
+
+    from lsp_dscoder.bench import add_arguments
+
+    parser = argparse.ArgumentParser(prog="python -m lsp_dscoder.bench_engine")
+    add_arguments(parser)
+    return run_engine(parser.parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
