@@ -1,0 +1,224 @@
+"""Where one decode step's GPU time goes: every kernel of the captured graph timed by the profiler (CUPTI),
+per position within a layer against that kernel's own byte floor, and the gaps between kernels.
+
+    python -m tests.gpu.step_profile [--shapes 1.3b,6.7b] [--ctx 4096] [--out DIR]
+
+Random weights of the DeepSeek-Coder shape (bf16), the fast path as `lsp-dscoder bench` builds it, one KV
+slot filled by a `ctx`-token prefill, then the decode graph (bucket 1) replayed: its time by CUDA events
+(median of 30), then 5 replays under the profiler. "gaps" = replay span - sum of kernel times: the time the
+GPU spends between kernels of the graph. Floors: bytes the kernel must move / the measured copy rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lsp_dscoder.bench_build import build_shape, release
+from lsp_dscoder.bench_engine import start_engine_measured
+from lsp_dscoder.engine.config import ModelConfig
+from lsp_dscoder.kernels.check_gpu import measure_floors
+from lsp_dscoder.kernels.split_kv import choose_num_splits
+
+ROLES = ("norm", "qkv", "rope", "attn", "combine", "o", "norm", "gate_up", "silu", "down")
+
+
+def role_bytes(cfg: ModelConfig, ctx: int, splits: int) -> dict[str, float]:
+    """Bytes each kernel of a layer must move at T=1 (weights once, KV read, activations)."""
+    c, i = cfg.hidden_size, cfg.intermediate_size
+    qkv_n = cfg.q_size + 2 * cfg.kv_size
+    return {
+        "norm": 2 * (4 * c + c),
+        "qkv": 2 * qkv_n * c,
+        "rope": 2 * 2 * qkv_n,
+        "attn": 2 * 2 * cfg.kv_size * ctx + 4 * splits * cfg.q_size,
+        "combine": 4 * splits * cfg.q_size + 2 * cfg.q_size,
+        "o": 2 * cfg.q_size * c,
+        "gate_up": 2 * 2 * i * c,
+        "silu": 2 * 3 * i,
+        "down": 2 * i * c,
+    }
+
+
+def kernels_of(trace: Path) -> list[dict[str, Any]]:
+    events = json.loads(trace.read_text())["traceEvents"]
+    ks = [e for e in events if e.get("cat") == "kernel"]
+    return sorted(ks, key=lambda e: float(e["ts"]))
+
+
+def layer_windows(ks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The kernels of each layer: from two kernels before a rope kernel (norm, QKV GEMM) to the next."""
+    ropes = [n for n, k in enumerate(ks) if "rope" in k["name"]]
+    starts = [r - 2 for r in ropes]
+    return [ks[a:b] for a, b in zip(starts, [*starts[1:], len(ks)], strict=True)]
+
+
+VARIANTS: dict[str, dict[str, Any]] = {"default": {}, "fused combine": {"fused_combine": True}}
+
+
+def profile_shape(shape: str, ctx: int, variants: list[str], out: Path | None) -> list[dict[str, Any]]:
+    copy_bps, _ = measure_floors(torch.device("cuda"))
+    built = build_shape(shape, with_hf=False)
+    results: list[dict[str, Any]] = []
+    first: torch.Tensor | None = None
+    for name in variants:
+        r = profile_variant(built.cfg, built.weights, ctx, VARIANTS[name], copy_bps)
+        logits = r.pop("logits")
+        if first is None:
+            first = logits
+        else:  # the same prompt and weights: the variants' decode logits must agree
+            r["logits_rel_l2_vs_first"] = float((logits - first).norm() / first.norm())
+        results.append({"shape": shape, "variant": name, **r})
+        if out:
+            path = out / f"profile_{shape}_{name.replace(' ', '_')}.json"
+            path.write_text(json.dumps(results[-1], indent=1))
+    del built, first
+    release()
+    return results
+
+
+def profile_variant(
+    cfg: ModelConfig, weights: Any, ctx: int, options: dict[str, Any], copy_bps: float
+) -> dict[str, Any]:
+    engine, memory = start_engine_measured(cfg, weights, max_context=max(8192, ctx) + 64, **options)
+    runner: Any = engine.runner
+    seeded = torch.Generator("cuda").manual_seed(0)
+    ids = torch.randint(2, cfg.vocab_size, (ctx,), device="cuda", generator=seeded)
+    runner.prefill(ids, 0, 0)
+    logits = runner.decode(int(ids[-1]), ctx, 0)  # also sets the graph's position inputs
+    graph, _ = runner.graphs[(0, 1)]
+    times = []
+    for _ in range(33):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    graph_us = statistics.median(times[3:])
+    reps = 5
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        ks = kernels_of(trace)
+    per = len(ks) // reps
+    result: dict[str, Any] = {
+        "ctx": ctx,
+        "copy_tbps": copy_bps / 1e12,
+        "graph_us": graph_us,
+        "kernels_per_step": per,
+        "chosen_gemm": runner.chosen.get(1),
+        "memory": memory,
+        "logits": logits,  # compared across variants, then dropped
+    }
+    if per == 0:
+        # Kernel times from eager forwards of the same step instead (their gaps are the host's launches).
+        result["error"] = "the profiler saw no kernels in the graph replays: kernels of eager forwards"
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                runner.forward(runner.ids[:1], runner.start, runner.last, 0)
+            torch.cuda.synchronize()
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(trace))
+            ks = kernels_of(trace)
+        result["kernels_per_step"] = len(ks) // reps
+    if len(ks) < reps:
+        result["error"] = "the profiler saw no kernels"
+        return result
+    splits = choose_num_splits(cfg.num_kv_heads, engine.cache.capacity, 64, torch.device("cuda"), None)
+    result |= analyse(ks, reps, role_bytes(cfg, ctx, splits), copy_bps)
+    del runner, engine
+    release()
+    return result
+
+
+def analyse(ks: list[dict[str, Any]], reps: int, floors: dict[str, float], copy_bps: float) -> dict[str, Any]:
+    """Replay span, kernel sum, and the kernels of a middle layer by position (`ks`: `reps` replays)."""
+    per = len(ks) // reps
+    spans, sums = [], []
+    for r in range(reps):
+        step = ks[r * per : (r + 1) * per]
+        spans.append(float(step[-1]["ts"]) + float(step[-1]["dur"]) - float(step[0]["ts"]))
+        sums.append(sum(float(k["dur"]) for k in step))
+    result: dict[str, Any] = {"span_us": statistics.median(spans), "kernel_sum_us": statistics.median(sums)}
+    # Layer 0 also holds the residual copy, the last one the final norm and the LM head.
+    windows = layer_windows(ks[:per])[1:-1]
+    lengths = {len(w) for w in windows}
+    result["window"] = [(k["name"][:80], float(k["dur"])) for k in windows[0]] if windows else []
+    rows = []
+    n = lengths.pop() if len(lengths) == 1 else 0
+    if n in (len(ROLES), len(ROLES) - 1):  # with or without the combine kernel
+        roles = ROLES if n == len(ROLES) else tuple(r for r in ROLES if r != "combine")
+        for pos, role in enumerate(roles):
+            us = statistics.mean(float(w[pos]["dur"]) for w in windows)
+            gaps = [float(w[pos]["ts"]) - float(w[pos - 1]["ts"]) - float(w[pos - 1]["dur"]) for w in windows]
+            floor_us = floors[role] / copy_bps * 1e6
+            rows.append(
+                {
+                    "role": role,
+                    "kernel": windows[0][pos]["name"][:60],
+                    "us": us,
+                    "gap_before_us": statistics.mean(gaps) if pos > 0 else None,
+                    "floor_us": floor_us,
+                    "x_floor": us / floor_us,
+                }
+            )
+    result["layer"] = rows
+    return result
+
+
+def report(r: dict[str, Any]) -> None:
+    print(
+        f"\n## {r['shape']} ({r['variant']}) decode @{r['ctx']}: graph {r['graph_us']:.1f} us (events), "
+        f"{r['kernels_per_step']} kernels, GEMM {r['chosen_gemm']}, copy {r['copy_tbps']:.2f} TB/s"
+    )
+    if "error" in r:
+        print(r["error"])
+    gaps = r["span_us"] - r["kernel_sum_us"]
+    print(
+        f"span {r['span_us']:.1f} us, kernels {r['kernel_sum_us']:.1f} us, gaps {gaps:.1f} us "
+        f"({gaps / max(1, r['kernels_per_step'] - 1):.2f} us per edge), launch+tail "
+        f"{r['graph_us'] - r['span_us']:.1f} us"
+    )
+    if not r["layer"]:
+        print("kernels of one layer:", r["window"])
+    print("| role | kernel | us | gap before us | floor us | x floor |")
+    print("|---|---|---|---|---|---|")
+    for row in r["layer"]:
+        gap = "" if row["gap_before_us"] is None else f"{row['gap_before_us']:.2f}"
+        print(
+            f"| {row['role']} | {row['kernel']} | {row['us']:.2f} | {gap} | {row['floor_us']:.2f} | "
+            f"{row['x_floor']:.1f} |"
+        )
+    total = sum(row["us"] for row in r["layer"])
+    total_floor = sum(row["floor_us"] for row in r["layer"])
+    print(f"layer: kernels {total:.1f} us, floor {total_floor:.1f} us; memory {r['memory']}")
+    if "logits_rel_l2_vs_first" in r:
+        print(f"decode logits vs the first variant: rel. L2 {r['logits_rel_l2_vs_first']:.2e}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="1.3b,6.7b")
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--variants", default="default,fused combine", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    for shape in args.shapes.split(","):
+        for r in profile_shape(shape, args.ctx, args.variants.split(","), args.out):
+            report(r)
+
+
+if __name__ == "__main__":
+    main()
