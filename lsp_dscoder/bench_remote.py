@@ -106,7 +106,9 @@ class Direct:
     processed: int | None  # prompt tokens it computed (`timings.prompt_n`)
 
 
-def send_direct(host: str, port: int, path: str, body: bytes) -> Direct:
+def send_direct(host: str, port: int, path: str, body: bytes, hold_s: float | None) -> Direct:
+    """`body` sent on an open connection; the stream is read until it ends, or cut `hold_s` after the
+    request was written, when the session's next request came (as the server cuts a superseded one)."""
     conn = http.client.HTTPConnection(host, port, timeout=60)
     conn.connect()  # as the server's spare connection: no handshake on the keystroke
     assert conn.sock is not None
@@ -117,27 +119,37 @@ def send_direct(host: str, port: int, path: str, body: bytes) -> Direct:
     response = conn.getresponse()
     ttft: float | None = None
     timings: dict[str, Any] = {}
-    while line := response.readline():
-        if not line.startswith(b"data: {"):
-            continue
-        chunk = json.loads(line[6:])
-        if ttft is None and any(c.get("text") for c in chunk.get("choices", [])):
-            ttft = (time.perf_counter() - started) * 1000.0
-        timings = chunk.get("timings") or timings
+    with contextlib.suppress(TimeoutError):
+        while True:
+            if hold_s is not None and ttft is not None:
+                conn.sock.settimeout(max(1e-3, started + hold_s - time.perf_counter()))
+            if not (line := response.readline()):
+                break
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if ttft is None and any(c.get("text") for c in chunk.get("choices", [])):
+                ttft = (time.perf_counter() - started) * 1000.0
+            timings = chunk.get("timings") or timings
+    conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
     return Direct(ttft, timings.get("cache_n"), timings.get("prompt_n"))
 
 
 def replay(endpoint: str, trace: Path) -> list[tuple[dict[str, Any], Direct]]:
-    """Every traced request, in the order the server submitted them, sent again to the endpoint."""
-    lines = [json.loads(line) for line in trace.read_text().splitlines() if line]
+    """Every traced request, in the order the server submitted them and with the same time from one to
+    the next, sent again to the endpoint."""
+    entries = sorted(
+        (json.loads(line) for line in trace.read_text().splitlines() if line), key=lambda e: e["seq"]
+    )
     parts = urlsplit(endpoint)
     path = parts.path.rstrip("/").removesuffix("/v1") + "/v1/completions"
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     out = []
-    for entry in sorted(lines, key=lambda e: e["seq"]):
-        body = entry["body"]
-        out.append((body, send_direct(host, port, path, json.dumps(body, separators=(",", ":")).encode())))
+    for entry, after in zip(entries, [*entries[1:], None], strict=True):
+        hold = None if after is None else after["submitted"] - entry["submitted"]
+        data = json.dumps(entry["body"], separators=(",", ":")).encode()
+        out.append((entry, send_direct(host, port, path, data, hold)))
     return out
 
 
@@ -147,34 +159,36 @@ def pair(documents: list[dict[str, Any]], direct: list[tuple[dict[str, Any], Dir
     queue = iter(direct)
     for doc in documents:
         next(queue, None)  # the cold request
-        through, straight, diff, cached, processed, same = [], [], [], [], [], 0
+        rows: dict[str, list[Any]] = {name: [] for name, _ in ROWS}
+        stages: dict[str, list[float]] = {}
+        same = 0
         for key in doc["keys"]:
             record = key["record"]
             if record.get("source") != "engine":
                 continue
-            body, d = next(queue, ({}, Direct(None, None, None)))
-            same += len(body.get("prompt", ())) == record.get("promptTokens")
-            straight.append(d.ttft_ms)
-            cached.append(d.cached)
-            processed.append(d.processed)
-            partial = key.get("client_ms")
-            through.append(partial)
-            if partial is not None and d.ttft_ms is not None:
-                diff.append(partial - d.ttft_ms)
-        doc["remote"] = {
-            "same_prompt_length": same,
-            "direct_ttft_ms": _dist(straight),
-            "through_ms": _dist(through),
-            "overhead_ms": _dist(diff),
-            "direct_cached_tokens": _dist(cached),
-            "direct_processed_tokens": _dist(processed),
-            "cached_tokens": _dist(k["record"].get("reusedTokens") for k in doc["keys"] if _engine(k)),
-            "processed_tokens": _dist(k["record"].get("prefilledTokens") for k in doc["keys"] if _engine(k)),
-        }
+            entry, d = next(queue, ({}, Direct(None, None, None)))
+            same += len(entry.get("body", {}).get("prompt", ())) == record.get("promptTokens")
+            through, server = key.get("client_ms"), record.get("firstPartialMs")
+            rows["direct_ttft_ms"].append(d.ttft_ms)
+            rows["through_ms"].append(through)
+            rows["direct_processed_tokens"].append(d.processed)
+            rows["cached_tokens"].append(record.get("reusedTokens"))
+            rows["processed_tokens"].append(record.get("prefilledTokens"))
+            if through is not None and d.ttft_ms is not None:
+                rows["overhead_ms"].append(through - d.ttft_ms)
+            if through is None or server is None or not entry.get("stagesMs"):
+                continue
+            ours = {_PIPES: through - server, "prompt": record.get("promptMs")}
+            ours.update(entry["stagesMs"])
+            ours["published -> partial sent"] = server - sum(v or 0.0 for k, v in ours.items() if k != _PIPES)
+            for name, value in ours.items():
+                stages.setdefault(name, []).append(value)
+        doc["remote"] = {name: _dist(values) for name, values in rows.items()}
+        doc["remote"]["same_prompt_length"] = same
+        doc["remote"]["stages_ms"] = {name: _dist(values)["p50"] for name, values in stages.items()}
 
 
-def _engine(key: dict[str, Any]) -> bool:
-    return bool(key["record"].get("source") == "engine")
+_PIPES = "pipes and JSON-RPC (client - server)"
 
 
 ROWS = (
@@ -208,8 +222,9 @@ def print_remote(report: dict[str, Any]) -> None:
             f"{d['errors']} errors, {d['stale']} stale; direct prompts of the same length: "
             f"{d['remote']['same_prompt_length']}"
         )
-    if report.get("stages"):
-        print("server stages, p50 ms: " + ", ".join(f"{k} {v}" for k, v in report["stages"].items()))
+    for d in docs:
+        stages = ", ".join(f"{k} {v:.3f}" for k, v in d["remote"]["stages_ms"].items() if v is not None)
+        print(f"{d['size']}: p50 ms per stage (response, firstChunk: the endpoint): {stages}")
 
 
 def run_remote(args: argparse.Namespace) -> int:

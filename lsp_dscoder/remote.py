@@ -269,11 +269,12 @@ class RemoteBackend:
         text = decoder.finish()
         self._finish(handle, decoder, text, ids, started, ttft, stop, error)
         if self._trace is not None:  # after the stream: the trace costs the keystroke nothing
-            self._write_trace(handle.seq, data, clock.ms if ttft is not None else None)
+            self._write_trace(handle, data, clock.ms if ttft is not None else None)
 
-    def _write_trace(self, seq: int, data: bytes, stages: dict[str, float] | None) -> None:
+    def _write_trace(self, handle: RemoteHandle, data: bytes, stages: dict[str, float] | None) -> None:
         assert self._trace is not None
-        line = b'{"seq":%d,"stagesMs":%s,"body":%s}\n' % (seq, json.dumps(stages).encode(), data)
+        head = {"seq": handle.seq, "submitted": handle.submitted_at, "stagesMs": stages}
+        line = json.dumps(head).encode()[:-1] + b',"body":%s}\n' % data
         with self._lock, open(self._trace, "ab") as f:
             f.write(line)
 
