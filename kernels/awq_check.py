@@ -1,25 +1,34 @@
-"""GPU check of the AWQ kernels: correctness against `awq_gemm_ref` and streaming rate against the measured
-copy bandwidth, at the DeepSeek-Coder layer shapes (kernels/shapes.py). Prints Markdown tables.
+"""GPU check of the AWQ kernels at the DeepSeek-Coder layer shapes (kernels/shapes.py): correctness against
+`awq_gemm_ref`, and the streaming rate of each M <= 16 launch against the measured copy bandwidth. Prints
+Markdown tables.
 
-    python -m lsp_dscoder.kernels.awq_check [--models 1.3B 6.7B] [--group 128]
+    python -m lsp_dscoder.kernels.awq_check [--models 1.3B 6.7B 33B] [--sweep 6.7B] [--prefill 6.7B]
 
-Bytes of a skinny step: qweight + qzeros + scales + x + y. Copies of each matrix are cycled so that the
-timed launches read HBM, not the 50 MB L2 (a 1.3B O projection packs to 2 MB).
+Launches are timed inside a CUDA graph (no host overhead), each launch on the next of several copies of the
+weights so that every one reads HBM, not the 50 MB L2. Bytes of a step: qweight + qzeros + scales + x + y.
+`--warm N` compiles every variant first in N processes (Triton compiles one kernel per core).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import statistics
+from collections.abc import Callable, Iterator
 
 import torch
 import triton
 
+from .awq_dequant import awq_dequant
 from .awq_format import pack_int4
 from .awq_gemm import AwqTiles, awq_gemm, awq_gemm_ref, awq_skinny
+from .awq_gemv import GemvTiles
 from .shapes import by_name
-from .skinny_gemm import skinny_gemm
+from .skinny_gemm import SkinnyWorkspace, skinny_gemm
 
-ROTATE_BYTES = 256 * 2**20  # more than L2 many times over
+ROTATE_BYTES = 256 * 2**20  # more than L2 several times over
+Packed = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+Tiles = AwqTiles | GemvTiles | None
 
 
 def copy_bandwidth(device: torch.device) -> float:
@@ -30,9 +39,7 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * a.numel() * 2 / ms / 1e6
 
 
-def random_awq(
-    n: int, k: int, group: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def random_awq(n: int, k: int, group: int, device: torch.device) -> Packed:
     q = torch.randint(0, 16, (k, n), dtype=torch.int32, device=device)
     z = torch.randint(0, 16, (k // group, n), dtype=torch.int32, device=device)
     s = (torch.rand(k // group, n, device=device) * 0.004 + 0.001).half()
@@ -46,103 +53,169 @@ def layer_shapes(name: str) -> list[tuple[str, int, int]]:
             ("down", m.hidden, m.inter)]  # fmt: skip
 
 
-def time_rotating(fn, copies: int) -> float:  # type: ignore[no-untyped-def]
-    """Median ms of one call, each call on the next copy of the weights."""
-    state = {"i": 0}
-
-    def step() -> None:
-        fn(state["i"] % copies)
-        state["i"] += 1
-
-    ms: float = triton.testing.do_bench(step, warmup=10, rep=100, return_mode="median")
-    return ms
-
-
-SWEEP = (  # (block_n, block_k, split_k, warps, stages) tried at M=1 with --sweep
-    (128, 128, 2, 4, 4),
-    (128, 128, 8, 4, 4),
-    (128, 64, 8, 4, 4),
-    (256, 128, 4, 8, 3),
-    (256, 128, 2, 4, 4),
-)
-HEAD_SKINNY = (
-    "| model | matrix | N x K | M | max rel err | AWQ us | AWQ GB/s | % copy "
-    "| bf16 skinny us | bf16 cuBLAS us |"
-)
+def graph_us(fn: Callable[[int], object], copies: int) -> float:
+    """Median microseconds of one call inside a CUDA graph of `copies` calls, call i on copy i."""
+    for i in range(copies):
+        fn(i)  # compile, and allocate nothing inside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(copies):
+            fn(i)
+    times = []
+    for _ in range(15):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / copies)
+    return statistics.median(times[2:])
 
 
-def dense_of(packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor], k: int) -> torch.Tensor:
-    """The same weights as bf16 (N, K), for the bf16 kernels' times."""
-    eye = torch.eye(k, dtype=torch.float32, device=packed[0].device)
-    return awq_gemm_ref(eye, *packed).T.to(torch.bfloat16).contiguous()
+def split_for(blocks: int, k: int, group: int, per_sm: int) -> int:
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return max(1, min(32, k // group, triton.cdiv(per_sm * sms, blocks)))
+
+
+def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
+    """The sweep at one shape: None (the launcher's default) first, then tiles to compare with it."""
+    yield None
+    if m == 1:
+        for warps in (1, 2, 4):
+            for per_sm in (2, 8):
+                yield GemvTiles(8, split_for(triton.cdiv(n // 8, 128 * warps), k, group, per_sm), warps)
+        yield GemvTiles(16, split_for(triton.cdiv(n // 8, 256), k, group, 4), 2)
+    for bn, bk, warps, stages in ((128, 64, 4, 3), (128, 128, 4, 3), (256, 64, 8, 3), (128, 32, 4, 4),
+                                  (256, 128, 8, 2)):  # fmt: skip
+        for per_sm in (2, 4):
+            yield AwqTiles(
+                16, bn, min(bk, group), split_for(triton.cdiv(n, bn), k, group, per_sm), warps, stages
+            )
+
+
+def name_of(t: Tiles) -> str:
+    if t is None:
+        return "default"
+    if isinstance(t, GemvTiles):
+        return f"gemv k{t.block_k}/s{t.split_k}/w{t.num_warps}"
+    return f"tc n{t.block_n}/k{t.block_k}/s{t.split_k}/w{t.num_warps}/st{t.num_stages}"
 
 
 def skinny_rows(model: str, mat: str, n: int, k: int, group: int, copy: float, sweep: bool) -> None:
-    packed = random_awq(n, k, group, packed_device())
+    dev = torch.device("cuda")
+    packed = random_awq(n, k, group, dev)
     wbytes = sum(t.numel() * t.element_size() for t in packed)
-    qw, qz, sc = packed
-    rot = [packed] + [(qw.clone(), qz.clone(), sc.clone()) for _ in range(max(2, ROTATE_BYTES // wbytes) - 1)]
-    dense = dense_of(packed, k)
+    rot = [packed] + [tuple(t.clone() for t in packed) for _ in range(max(2, ROTATE_BYTES // wbytes) - 1)]
+    ws = SkinnyWorkspace.allocate(n, 32, dev, 16)
+    dense = awq_gemm_ref(torch.eye(k, device=dev), *packed).T.to(torch.bfloat16).contiguous()  # (N, K)
     drot = [dense] + [dense.clone() for _ in range(max(2, ROTATE_BYTES // (n * k * 2)) - 1)]
+    dws = SkinnyWorkspace.allocate(n, 8, dev)
     for m in (1, 4, 16):
-        x = torch.randn(m, k, device=dense.device, dtype=torch.bfloat16)
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
         want = awq_gemm_ref(x, *packed).float()
-        err = float((awq_skinny(x, *packed).float() - want).abs().max() / want.abs().max())
-        t_awq = time_rotating(lambda i, x=x: awq_skinny(x, *rot[i]), len(rot))
-        t_sk = time_rotating(lambda i, x=x: skinny_gemm(x, drot[i]), len(drot))
-        t_cb = time_rotating(lambda i, x=x: x @ drot[i].T, len(drot))
-        gbs = (wbytes + x.numel() * 2 + m * n * 2) / t_awq / 1e6
-        print(
-            f"| {model} | {mat} | {n} x {k} | {m} | {err:.1e} | {t_awq * 1e3:.1f} | {gbs:.0f} | "
-            f"{100 * gbs / copy:.0f}% | {t_sk * 1e3:.1f} | {t_cb * 1e3:.1f} |",
-            flush=True,
-        )
-    if sweep:
-        x = torch.randn(1, k, device=dense.device, dtype=torch.bfloat16)
-        for bn, bk, split, warps, stages in SWEEP:
-            tiles = AwqTiles(16, bn, min(bk, group), split, warps, stages)
-            t = time_rotating(lambda i, tl=tiles: awq_skinny(x, *rot[i], tiles=tl), len(rot))
-            gbs = (wbytes + k * 2 + n * 2) / t / 1e6
-            print(f"| sweep {bn}/{bk}/{split}/{warps}/{stages} | {mat} | | 1 | | {t * 1e3:.1f} | {gbs:.0f} | "
-                  f"{100 * gbs / copy:.0f}% | | |", flush=True)  # fmt: skip
+        io = x.numel() * 2 + m * n * 2
+        t_sk = graph_us(lambda i, x=x: skinny_gemm(x, drot[i % len(drot)], workspace=dws), len(drot))
+        t_cb = graph_us(lambda i, x=x: x @ drot[i % len(drot)].T, len(drot))
+        for tiles in variants(m, n, k, group) if sweep else [None]:
+            try:
+                got = awq_skinny(x, *packed, out=out, tiles=tiles, workspace=ws).float()
+                err = float((got - want).abs().max() / want.abs().max())
+                t = graph_us(
+                    lambda i, x=x, o=out, t=tiles: awq_skinny(x, *rot[i], out=o, tiles=t, workspace=ws),
+                    len(rot),
+                )
+            except Exception as e:  # one failing variant must not end the table
+                print(
+                    f"| {model} | {mat} | {m} | {name_of(tiles)} | failed: {type(e).__name__}: {e} |||||",
+                    flush=True,
+                )
+                continue
+            gbs = (wbytes + io) / t / 1e3
+            print(f"| {model} | {mat} {n}x{k} | {m} | {name_of(tiles)} | {err:.1e} | {t:.1f} | {gbs:.0f} | "
+                  f"{100 * gbs / copy:.0f}% | {t_sk:.1f} | {t_cb:.1f} |", flush=True)  # fmt: skip
 
 
-def packed_device() -> torch.device:
-    return torch.device("cuda")
-
-
-def gemm_rows(model: str, mat: str, n: int, k: int, group: int) -> None:
-    packed = random_awq(n, k, group, packed_device())
-    dense = dense_of(packed, k)
+def prefill_rows(model: str, mat: str, n: int, k: int, group: int) -> None:
+    dev = torch.device("cuda")
+    packed = random_awq(n, k, group, dev)
+    buf = torch.empty(k, n, device=dev, dtype=torch.bfloat16)
+    dense_t = awq_dequant(*packed, out=buf.clone())
     for m in (512, 4096):
-        x = torch.randn(m, k, device=dense.device, dtype=torch.bfloat16)
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         want = awq_gemm_ref(x, *packed).float()
-        err = float((awq_gemm(x, *packed).float() - want).abs().max() / want.abs().max())
-        t_awq = triton.testing.do_bench(lambda x=x: awq_gemm(x, *packed), return_mode="median")
-        t_cb = triton.testing.do_bench(lambda x=x: x @ dense.T, return_mode="median")
-        fl = 2 * m * n * k / 1e9
-        print(f"| {model} | {mat} | {m} | {err:.1e} | {fl / t_awq:.0f} | {fl / t_cb:.0f} |", flush=True)
+        fl = 2 * m * n * k / 1e6
+        row = [model, mat, str(m)]
+        for name, fn in (
+            ("tc", lambda x=x: awq_gemm(x, *packed)),
+            ("tc128", lambda x=x: awq_gemm(x, *packed, tiles=AwqTiles(128, 128, 64, 1, 8, 3))),
+            ("dequant+cublas", lambda x=x: x @ awq_dequant(*packed, out=buf)),
+            ("bf16 cublas", lambda x=x: x @ dense_t),
+        ):
+            try:
+                err = float((fn().float() - want).abs().max() / want.abs().max())
+                us = graph_us(lambda i, fn=fn: fn(), 3)
+                row.append(f"{err:.0e} {us:.0f} us {fl / us:.0f} TF/s")
+            except Exception as e:  # report the variant, keep the table
+                row.append(f"{name} failed: {type(e).__name__}")
+        print("| " + " | ".join(row) + " |", flush=True)
+
+
+def _warm(args: tuple[list[str], list[str], int, int, int]) -> int:
+    """Compile (run once) every variant of this process's share, so the timed run finds them cached."""
+    models, sweep, group, share, shares = args
+    dev = torch.device("cuda")
+    i = 0
+    for model in models:
+        for _mat, n, k in layer_shapes(model):
+            packed = None
+            ws = SkinnyWorkspace.allocate(n, 32, dev, 16)
+            for m in (1, 4, 16):
+                for tiles in variants(m, n, k, group) if model in sweep else [None]:
+                    i += 1
+                    if i % shares != share:
+                        continue
+                    packed = packed or random_awq(n, k, group, dev)
+                    try:
+                        awq_skinny(
+                            torch.randn(m, k, device=dev, dtype=torch.bfloat16),
+                            *packed,
+                            tiles=tiles,
+                            workspace=ws,
+                        )
+                    except Exception:  # the timed run reports the failure
+                        continue
+    torch.cuda.synchronize()
+    return i
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", nargs="+", default=["1.3B", "6.7B"])
+    ap.add_argument("--models", nargs="+", default=["1.3B", "6.7B", "33B"])
     ap.add_argument("--group", type=int, default=128)
-    ap.add_argument("--sweep", nargs="*", default=[], help="models whose shapes also time a few tiles at M=1")
+    ap.add_argument("--sweep", nargs="*", default=[], help="models whose shapes also time the tile variants")
+    ap.add_argument("--prefill", nargs="*", default=[], help="models whose prefill GEMMs are timed")
+    ap.add_argument("--warm", type=int, default=0, help="compile in this many processes first")
     args = ap.parse_args()
-    dev = packed_device()
+    if args.warm:
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(args.warm) as pool:
+            pool.map(_warm, [(args.models, args.sweep, args.group, i, args.warm) for i in range(args.warm)])
+    dev = torch.device("cuda")
     copy = copy_bandwidth(dev)
     print(f"copy bandwidth {copy:.0f} GB/s (read + write), {torch.cuda.get_device_name(dev)}\n")
-    print(HEAD_SKINNY)
-    print("| --- " * 10 + "|")
+    print("| model | matrix | M | tiles | max rel err | AWQ us | GB/s | % copy | bf16 skinny | bf16 cuBLAS |")
+    print("| --- " * 10 + "|", flush=True)
     for model in args.models:
         for mat, n, k in layer_shapes(model):
             skinny_rows(model, mat, n, k, args.group, copy, model in args.sweep)
-    print("\n| model | matrix | M | max rel err | AWQ GEMM TFLOP/s | bf16 cuBLAS TFLOP/s |")
-    print("| --- " * 6 + "|")
-    for model in args.models:
+    if args.prefill:
+        print("\n| model | matrix | M | awq_gemm 64x128 | awq_gemm 128x128 | dequant+cuBLAS | bf16 cuBLAS |")
+        print("| --- " * 7 + "|", flush=True)
+    for model in args.prefill:
         for mat, n, k in layer_shapes(model):
-            gemm_rows(model, mat, n, k, args.group)
+            prefill_rows(model, mat, n, k, args.group)
 
 
 if __name__ == "__main__":

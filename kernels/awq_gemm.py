@@ -1,20 +1,17 @@
-"""y = x @ W.T with W stored as INT4 AWQ (kernels/awq_format.py), dequantized on the fly in one launch.
+"""y = x @ W.T with W stored as INT4 AWQ (kernels/awq_format.py), dequantized on the fly in one launch on
+the tensor cores: `awq_skinny` for steps of 3 to 16 rows (keystrokes, small prefills; one or two rows go to
+the CUDA-core kernel in kernels/awq_gemv.py), `awq_gemm` tiles M as well (prefills).
 
-One kernel, two uses. Steps of at most 16 rows (keystroke, decode, small prefill: `awq_skinny`) are a
-stream of packed weights, a quarter of bf16's bytes: a program takes BLOCK_N output columns and a share
-of K (split-K, reduced in the same launch as kernels/skinny_gemm.py does), so every SM streams. Larger
-prefills (`awq_gemm`) tile M too and feed the tensor cores.
+A K tile never crosses a quantization group, so per group and column there is one zero and one scale and
+the dequantization leaves the inner product. The nibbles go to tl.dot as v = 1 + q/16, made by putting
+q's four bits under the exponent of 1.0 (exact in bf16/fp16/fp32; a shift and a LOP3, no conversion
+instruction, which the hardware runs at a quarter rate), and per group, with X = sum_k x and D = x . v:
 
-A K tile never crosses a quantization group (BLOCK_K divides the group size, and K is a whole number of
-groups), so a tile has one zero point and one scale per column, and the dequantization leaves the inner
-product: for the tile's rows k of group g,
+    sum_k x[m, k] (q[k, n] - z[n]) s[n] = s[n] (16 D[m, n] - (16 + z[n]) X[m])
 
-    sum_k x[m, k] (q[k, n] - z[g, n]) s[g, n] = s[g, n] (sum_k x[m, k] q[k, n] - z[g, n] sum_k x[m, k])
-
-q in 0..15 is exact in bf16/fp16, so tl.dot takes the raw nibbles. Each nibble position of a word is its
-own (BLOCK_K, BLOCK_N / 8) operand with its own accumulator (columns 8w + ORDER[i]); the eight are put back
-in column order once, at the end. Spreading every word over its eight columns inside the K loop instead
-(three tl.interleave, as vLLM's Triton AWQ kernel does) ran at 2-7% of copy bandwidth on the H200.
+Each nibble position of a word is its own (BLOCK_K, BLOCK_W) operand with its own accumulator (columns
+8w + ORDER[i]); the eight are put back in column order once, at the end. Split-K (in whole groups) is
+reduced in the same launch by the last share to arrive, as in kernels/skinny_gemm.py.
 """
 
 from __future__ import annotations
@@ -26,17 +23,19 @@ import triton
 import triton.language as tl
 
 from .awq_format import PACK, dequantize
+from .awq_gemv import GEMV_MAX_M, GemvTiles, finish, gemv_tiles, group_term, launch_gemv, nibble_unit
 from .contract import FLOAT_DTYPES, check_out, check_tensor, interpreting
 from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 from .skinny_gemm import MAX_M, SkinnyWorkspace
 from .split_kv import dot_operands_fp32, dot_precision
 
-MAX_SPLIT = 16  # K shares of a skinny launch; the workspace holds MAX_SPLIT partials of (MAX_M, N)
+MAX_SPLIT = 32  # K shares of a skinny launch; the workspace holds MAX_SPLIT partials of (MAX_M, N)
+KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the dot operands' dtype, for the kernel
 
 
 @dataclass(frozen=True)
 class AwqTiles:
-    """Tiles of one launch: BLOCK_N a multiple of 8 (whole words), BLOCK_K a divisor of the group size."""
+    """Tiles of one launch: BLOCK_N a multiple of 128 on the GPU (16 words), BLOCK_K dividing the group."""
 
     block_m: int = 16
     block_n: int = 128
@@ -47,121 +46,116 @@ class AwqTiles:
 
 
 @triton.jit
-def _nibble(x, w, zw, srow, x_sum, NIB: tl.constexpr, PRECISION: tl.constexpr):
-    """The tile's contribution to columns 8w + ORDER[NIB]: s (sum_k x q - z sum_k x), (BM, WORDS) fp32."""
-    COL: tl.constexpr = (NIB % 4) * 2 + NIB // 4  # ORDER: 0 2 4 6 1 3 5 7
-    q = ((w >> (4 * NIB)) & 0xF).to(tl.float32).to(x.dtype)  # (BK, WORDS), exact
-    z = ((zw >> (4 * NIB)) & 0xF).to(tl.float32)  # (WORDS,)
-    s = tl.load(srow + COL).to(tl.float32)  # (WORDS,)
-    part = tl.dot(x, q, input_precision=PRECISION)  # (BM, WORDS)
-    return (part - x_sum[:, None] * z[None, :]) * s[None, :]
+def unit_dot(w, NIB: tl.constexpr, KIND: tl.constexpr):
+    """1 + q/16 for nibble NIB of each word in the dot dtype (0 fp32, 1 bf16, 2 fp16), exactly."""
+    if KIND == 1:  # bf16 1.0 = 0x3F80, 7 mantissa bits
+        v = (nibble_unit(w, NIB, 3) | 0x3F80).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    elif KIND == 2:  # fp16 1.0 = 0x3C00, 10 mantissa bits
+        v = (nibble_unit(w, NIB, 6) | 0x3C00).to(tl.int16).to(tl.float16, bitcast=True)
+    else:  # fp32 1.0 = 0x3F800000, 23 mantissa bits
+        v = (nibble_unit(w, NIB, 19) | 0x3F800000).to(tl.float32, bitcast=True)
+    return v
 
 
 @triton.jit
 def _awq_kernel(
     x_ptr,  # (M, K)
-    qw_ptr,  # (K, N / 8) int32
-    qz_ptr,  # (K / G, N / 8) int32
-    s_ptr,  # (K / G, N) fp16
+    qw_ptr,  # (K, words) int32
+    qz_ptr,  # (K / GROUP, words) int32
+    s_ptr,  # (K / GROUP, N) fp16
     out_ptr,  # (M, N)
     part_ptr,  # (SPLIT_K, M, N) fp32 partials when SPLIT_K > 1
-    count_ptr,  # (cdiv(N, BLOCK_N),) int32, zero between launches, when SPLIT_K > 1
+    count_ptr,  # (column blocks,) int32, zero between launches, when SPLIT_K > 1
     M,
     N,
     K,
-    k_per_split,  # a multiple of BLOCK_K
-    group_size,
+    words,  # N / 8, the row stride of qweight: an argument, so Triton sees it divisible by 16
+    groups,
+    groups_per_split,
+    GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_W: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
-    UPCAST: tl.constexpr,
+    KIND: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    WORDS: tl.constexpr = BLOCK_N // 8
-    n_blocks = tl.cdiv(N, BLOCK_N)
+    n_blocks = tl.cdiv(words, BLOCK_W)
     pid_m = tl.program_id(0) // n_blocks
     pid_n = tl.program_id(0) % n_blocks
     pid_k = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rw = pid_n * WORDS + tl.arange(0, WORDS)
+    rw = pid_n * BLOCK_W + tl.arange(0, BLOCK_W)
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
-    n_ok = rn < N
-    # Words past the last one read the last one again (never stored): W loads stay unmasked.
-    rw_safe = tl.minimum(rw, N // 8 - 1)
-    k_lo = pid_k * k_per_split
-    k_hi = tl.minimum(k_lo + k_per_split, K)
+    w_ok = rw < words
+    g_lo = pid_k * groups_per_split
+    g_hi = tl.minimum(g_lo + groups_per_split, groups)
     pdl_release(PDL)
     pdl_wait(PDL)  # x is the previous kernel's output
-    # One accumulator per nibble position i: columns 8w + ORDER[i] of the block's words w.
-    a0 = tl.zeros((BLOCK_M, WORDS), tl.float32)
-    a1 = tl.zeros((BLOCK_M, WORDS), tl.float32)
-    a2 = tl.zeros((BLOCK_M, WORDS), tl.float32)
-    a3 = tl.zeros((BLOCK_M, WORDS), tl.float32)
-    a4 = tl.zeros((BLOCK_M, WORDS), tl.float32)
-    a5 = tl.zeros((BLOCK_M, WORDS), tl.float32)
-    a6 = tl.zeros((BLOCK_M, WORDS), tl.float32)
-    a7 = tl.zeros((BLOCK_M, WORDS), tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        kk = k0 + rk
-        x = tl.load(x_ptr + rm.to(tl.int64)[:, None] * K + kk[None, :], mask=m_ok[:, None], other=0.0)
-        w = tl.load(qw_ptr + kk.to(tl.int64)[:, None] * (N // 8) + rw_safe[None, :])  # (BK, WORDS)
-        g = k0 // group_size
-        zw = tl.load(qz_ptr + g * (N // 8) + rw_safe)  # (WORDS,)
-        srow = s_ptr + g * N + rw_safe * 8  # scales of the words' first columns
-        if UPCAST:
-            x = x.to(tl.float32)
-        x_sum = tl.sum(x.to(tl.float32), axis=1)  # (BM,)
-        a0 += _nibble(x, w, zw, srow, x_sum, 0, PRECISION)
-        a1 += _nibble(x, w, zw, srow, x_sum, 1, PRECISION)
-        a2 += _nibble(x, w, zw, srow, x_sum, 2, PRECISION)
-        a3 += _nibble(x, w, zw, srow, x_sum, 3, PRECISION)
-        a4 += _nibble(x, w, zw, srow, x_sum, 4, PRECISION)
-        a5 += _nibble(x, w, zw, srow, x_sum, 5, PRECISION)
-        a6 += _nibble(x, w, zw, srow, x_sum, 6, PRECISION)
-        a7 += _nibble(x, w, zw, srow, x_sum, 7, PRECISION)
-    # Back to column order: column j = 4 j2 + 2 j1 + j0 of a word is nibble REVERSE_ORDER[j]; joins put
-    # j0 innermost, then j1, then j2, so the reshape lays the columns out as 8w + j.
-    acc = tl.join(tl.join(tl.join(a0, a2), tl.join(a1, a3)), tl.join(tl.join(a4, a6), tl.join(a5, a7)))
-    acc = tl.reshape(acc, (BLOCK_M, BLOCK_N))
-
-    out_off = rm[:, None] * N + rn[None, :]
-    out_mask = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptr + out_off, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        tl.store(part_ptr + pid_k * M * N + out_off, acc, mask=out_mask)
-        tl.debug_barrier()  # every thread's partial is stored before the one release below
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-            for sh in range(SPLIT_K):  # in split order: deterministic
-                total += tl.load(
-                    part_ptr + sh * M * N + out_off, mask=out_mask, other=0.0, cache_modifier=".cg"
-                )
-            tl.store(out_ptr + out_off, total.to(out_ptr.dtype.element_ty), mask=out_mask)
-            tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+    a0 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+    a1 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+    a2 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+    a3 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+    a4 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+    a5 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+    a6 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+    a7 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+    for g in range(g_lo, g_hi):
+        d0 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+        d1 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+        d2 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+        d3 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+        d4 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+        d5 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+        d6 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+        d7 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+        xs = tl.zeros((BLOCK_M,), tl.float32)
+        for kt in range(0, GROUP, BLOCK_K):
+            kk = g * GROUP + kt + rk
+            x = tl.load(x_ptr + rm.to(tl.int64)[:, None] * K + kk[None, :], mask=m_ok[:, None], other=0.0)
+            w = tl.load(qw_ptr + kk.to(tl.int64)[:, None] * words + rw[None, :], mask=w_ok[None, :], other=0)
+            xs += tl.sum(x.to(tl.float32), axis=1)
+            if KIND == 0:
+                x = x.to(tl.float32)
+            d0 = tl.dot(x, unit_dot(w, 0, KIND), d0, input_precision=PRECISION)
+            d1 = tl.dot(x, unit_dot(w, 1, KIND), d1, input_precision=PRECISION)
+            d2 = tl.dot(x, unit_dot(w, 2, KIND), d2, input_precision=PRECISION)
+            d3 = tl.dot(x, unit_dot(w, 3, KIND), d3, input_precision=PRECISION)
+            d4 = tl.dot(x, unit_dot(w, 4, KIND), d4, input_precision=PRECISION)
+            d5 = tl.dot(x, unit_dot(w, 5, KIND), d5, input_precision=PRECISION)
+            d6 = tl.dot(x, unit_dot(w, 6, KIND), d6, input_precision=PRECISION)
+            d7 = tl.dot(x, unit_dot(w, 7, KIND), d7, input_precision=PRECISION)
+        zw = tl.load(qz_ptr + g * words + rw, mask=w_ok, other=0)  # (BLOCK_W,)
+        srow = s_ptr + g * N + rw * 8  # scales of the words' first columns
+        a0 += group_term(d0, xs, zw, srow, w_ok, 0)
+        a1 += group_term(d1, xs, zw, srow, w_ok, 1)
+        a2 += group_term(d2, xs, zw, srow, w_ok, 2)
+        a3 += group_term(d3, xs, zw, srow, w_ok, 3)
+        a4 += group_term(d4, xs, zw, srow, w_ok, 4)
+        a5 += group_term(d5, xs, zw, srow, w_ok, 5)
+        a6 += group_term(d6, xs, zw, srow, w_ok, 6)
+        a7 += group_term(d7, xs, zw, srow, w_ok, 7)
+    finish(a0, a1, a2, a3, a4, a5, a6, a7, out_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, M, N,
+           BLOCK_M, BLOCK_W, SPLIT_K)  # fmt: skip
 
 
 def skinny_tiles(m: int, n: int, k: int, group: int, device: torch.device) -> AwqTiles:
-    """Tiles for M <= 16: 128-column blocks, K shares until about two programs per SM."""
+    """Tiles for 3 <= M <= 16: 128-column blocks, whole groups per K share, about four programs per SM."""
     if interpreting() or device.type != "cuda":
         return AwqTiles(16, 32, min(32, group), 1, 4, 1)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    block_k = min(group, 128)
     blocks = triton.cdiv(n, 128)
-    split = max(1, min(MAX_SPLIT, triton.cdiv(2 * sms, blocks), k // block_k))
-    return AwqTiles(16, 128, block_k, split, 4, 4)
+    split = max(1, min(MAX_SPLIT, triton.cdiv(4 * sms, blocks), k // group))
+    return AwqTiles(16, 128, min(group, 64), split, 4, 3)
 
 
 def gemm_tiles(m: int, n: int, k: int, group: int, device: torch.device) -> AwqTiles:
-    """Tiles for a prefill: 128 x 256 output tiles (eight 32-column dots) on the tensor cores, 64-deep K."""
+    """Tiles for a prefill: 64 x 128 output tiles on the tensor cores, 64-deep K."""
     if interpreting() or device.type != "cuda":
         return AwqTiles(32, 32, min(32, group), 1, 4, 1)
-    return AwqTiles(64 if m <= 64 else 128, 256, min(group, 64), 1, 8, 3)
+    return AwqTiles(64, 128, min(group, 64), 1, 4, 3)
 
 
 def check_awq(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> int:
@@ -198,15 +192,17 @@ def _launch(
 ) -> torch.Tensor:
     m, k = x.shape
     n = scales.shape[1]
+    words, groups = qweight.shape[1], k // group
     if tiles.block_n % PACK or tiles.block_n < 16 or tiles.block_n & (tiles.block_n - 1):
         raise ValueError(f"block_n must be a power of two >= 16, got {tiles.block_n}")
     if not interpreting() and tiles.block_n < 128:  # tl.dot on the GPU needs N >= 16: 16 words
         raise ValueError(f"block_n must be >= 128 on the GPU, got {tiles.block_n}")
     if tiles.block_k < 16 or group % tiles.block_k:
         raise ValueError(f"block_k {tiles.block_k} must be >= 16 and divide the group size {group}")
-    k_per_split = triton.cdiv(triton.cdiv(k, tiles.split_k), tiles.block_k) * tiles.block_k
-    split = triton.cdiv(k, k_per_split)  # shares that hold any K at all
-    n_blocks = triton.cdiv(n, tiles.block_n)
+    per_split = triton.cdiv(groups, max(1, tiles.split_k))
+    split = triton.cdiv(groups, per_split)  # shares that hold any group at all
+    block_w = tiles.block_n // PACK
+    n_blocks = triton.cdiv(words, block_w)
     m_blocks = triton.cdiv(m, tiles.block_m)
     part, counts = out, out  # never touched without split-K
     if split > 1:
@@ -217,10 +213,11 @@ def _launch(
         if workspace.partials.numel() < split * m * n or workspace.counts.numel() < n_blocks:
             raise ValueError(f"workspace too small for split_k {split}, M {m}, N {n}")
         part, counts = workspace.partials, workspace.counts
+    upcast = dot_operands_fp32(x.dtype)
     _awq_kernel[(m_blocks * n_blocks, split)](
-        x, qweight, qzeros, scales, out, part, counts, m, n, k, k_per_split, group,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SPLIT_K=split,
-        UPCAST=dot_operands_fp32(x.dtype), PRECISION=dot_precision(x.dtype), PDL=pdl,
+        x, qweight, qzeros, scales, out, part, counts, m, n, k, words, groups, per_split,
+        GROUP=group, BLOCK_M=tiles.block_m, BLOCK_W=block_w, BLOCK_K=tiles.block_k, SPLIT_K=split,
+        KIND=0 if upcast else KIND[x.dtype], PRECISION=dot_precision(x.dtype), PDL=pdl,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **launch_options(pdl),
     )  # fmt: skip
     return out
@@ -232,12 +229,13 @@ def awq_skinny(
     qzeros: torch.Tensor,
     scales: torch.Tensor,
     out: torch.Tensor | None = None,
-    tiles: AwqTiles | None = None,
+    tiles: AwqTiles | GemvTiles | None = None,
     workspace: SkinnyWorkspace | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
-    """x (M, K), M <= 16, times the AWQ matrix (K -> N): (M, N) in x.dtype. Split-K tiles need a
-    workspace (one is allocated if none). pdl: launch as a programmatic dependent of the previous kernel."""
+    """x (M, K), M <= 16, times the AWQ matrix (K -> N): (M, N) in x.dtype. GemvTiles (the default for
+    M <= 2) run the CUDA-core kernel, AwqTiles the tensor-core one. Split-K tiles need a workspace (one is
+    allocated if none). pdl: launch as a programmatic dependent of the previous kernel."""
     group = check_awq(x, qweight, qzeros, scales)
     m, k = x.shape
     n = scales.shape[1]
@@ -245,7 +243,11 @@ def awq_skinny(
         raise ValueError(f"x must have 1..{MAX_M} rows (larger M belongs to awq_gemm), got {m}")
     check_pdl(pdl, x.device)
     out = check_out(out, (m, n), x.dtype, x.device)
-    tiles = tiles or skinny_tiles(m, n, k, group, x.device)
+    if tiles is None:
+        small = m <= GEMV_MAX_M
+        tiles = gemv_tiles(n, k, group, x.device) if small else skinny_tiles(m, n, k, group, x.device)
+    if isinstance(tiles, GemvTiles):
+        return launch_gemv(x, qweight, qzeros, scales, group, out, tiles, workspace, pdl)
     return _launch(x, qweight, qzeros, scales, group, out, tiles, workspace, pdl)
 
 

@@ -1,13 +1,15 @@
-"""awq_skinny / awq_gemm against awq_gemm_ref (Triton interpreter, CPU): odd shapes, group sizes 32/64/128,
-split-K with unequal shares, and a product worked by hand."""
+"""awq_skinny (its CUDA-core and tensor-core kernels) and awq_gemm against awq_gemm_ref (Triton interpreter,
+CPU): odd shapes, group sizes 32/64/128, split-K with unequal shares, and a product worked by hand."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from lsp_dscoder.kernels.awq_dequant import awq_dequant, awq_dequant_ref
 from lsp_dscoder.kernels.awq_format import pack_int4
 from lsp_dscoder.kernels.awq_gemm import AwqTiles, awq_gemm, awq_gemm_ref, awq_skinny
+from lsp_dscoder.kernels.awq_gemv import GemvTiles
 from lsp_dscoder.kernels.skinny_gemm import SkinnyWorkspace
 
 # (atol, rtol) of kernel vs reference. Both sum exact fp32 products (the interpreter widens the dot
@@ -21,9 +23,15 @@ SKINNY = [
     (1, 40, 64, 32, AwqTiles(16, 32, 32, 1, 4, 1)),
     (5, 72, 128, 64, AwqTiles(16, 64, 32, 1, 4, 1)),
     (16, 24, 256, 128, AwqTiles(16, 16, 64, 1, 4, 1)),
-    (3, 8, 224, 32, AwqTiles(16, 32, 32, 3, 4, 1)),  # shares of 96, 96 and 32 rows
+    (3, 8, 224, 32, AwqTiles(16, 32, 32, 3, 4, 1)),  # shares of 3, 3 and 1 groups
     (2, 56, 256, 128, AwqTiles(16, 32, 128, 2, 4, 1)),  # one whole group per share
-    (7, 48, 192, 64, AwqTiles(16, 16, 16, 16, 4, 1)),  # 16 asked, 12 shares hold any K
+    (7, 48, 192, 64, AwqTiles(16, 16, 16, 16, 4, 1)),  # 16 asked, 3 shares hold any group
+    # The CUDA-core kernel (one or two rows): a 128-word block over a few words, group shares.
+    (1, 40, 64, 32, GemvTiles(16, 1, 1)),
+    (2, 72, 128, 64, GemvTiles(8, 1, 1)),
+    (1, 24, 384, 128, GemvTiles(32, 2, 1)),  # shares of 2 and 1 groups
+    (2, 1032, 224, 32, GemvTiles(16, 3, 1)),  # 129 words: two column blocks, the last of one word
+    (1, 8, 96, 32, GemvTiles(32, 16, 1)),  # 16 asked, 3 shares hold any group
 ]
 GEMM = [
     (37, 40, 64, 32, AwqTiles(16, 32, 32, 1, 4, 1)),  # three M blocks, the last of 5 rows
@@ -42,7 +50,7 @@ def random_layer(n: int, k: int, group: int) -> tuple[torch.Tensor, torch.Tensor
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("m", "n", "k", "group", "tiles"), SKINNY)
 def test_skinny_matches_reference(
-    dtype: torch.dtype, m: int, n: int, k: int, group: int, tiles: AwqTiles
+    dtype: torch.dtype, m: int, n: int, k: int, group: int, tiles: AwqTiles | GemvTiles
 ) -> None:
     packed = random_layer(n, k, group)
     x = torch.randn(m, k).to(dtype)
@@ -71,12 +79,24 @@ def test_gemm_matches_reference(
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("n", "k", "group"), [(72, 64, 32), (1032, 128, 64), (8, 256, 128)])
+def test_dequant_matches_reference(dtype: torch.dtype, n: int, k: int, group: int) -> None:
+    # (q - z) s is one fp32 product of exact factors: equal to the bit in fp32; bf16/fp16 are rounded once
+    # (truncated by the interpreter): one ulp.
+    packed = random_layer(n, k, group)
+    out = torch.full((k, n), float("nan"), dtype=dtype)
+    got = awq_dequant(*packed, out=out)
+    torch.testing.assert_close(got, awq_dequant_ref(*packed, dtype), atol=0, rtol=TOL[dtype][1])
+
+
 def test_hand_worked_product() -> None:
     # Column n of every row holds q = n, zero 1, scale 0.5; x is 32 ones: y[n] = 32 * (n - 1) * 0.5.
     q = torch.arange(8, dtype=torch.int32).repeat(32, 1)  # (K=32, N=8)
     packed = pack_int4(q), pack_int4(torch.ones(1, 8, dtype=torch.int32)), torch.full((1, 8), 0.5).half()
-    y = awq_skinny(torch.ones(1, 32), *packed, tiles=AwqTiles(16, 16, 32, 1, 4, 1))
-    assert y.tolist() == [[-16.0, 0.0, 16.0, 32.0, 48.0, 64.0, 80.0, 96.0]]
+    want = [[-16.0, 0.0, 16.0, 32.0, 48.0, 64.0, 80.0, 96.0]]
+    assert awq_skinny(torch.ones(1, 32), *packed, tiles=AwqTiles(16, 16, 32, 1, 4, 1)).tolist() == want
+    assert awq_skinny(torch.ones(1, 32), *packed, tiles=GemvTiles(32, 1, 1)).tolist() == want
 
 
 def test_contract_errors_name_the_argument() -> None:

@@ -1,0 +1,87 @@
+"""W.T (K, N) in bf16/fp16 from its INT4 AWQ form (kernels/awq_format.py), for prefills: one streaming
+launch writes a layer matrix into a reused buffer and cuBLAS multiplies it (engine/fast.py).
+
+At thousands of rows a prefill GEMM is bound by the tensor cores, not by the weight read; writing the
+matrix out once (2.5 bytes per weight moved) costs a few percent of the GEMM it feeds and leaves the GEMM
+to cuBLAS, which a dequantizing Triton GEMM does not match (docs/awq.md).
+
+A program takes BLOCK_K rows (inside one group) and BLOCK_W words; each word's eight columns are unpacked
+in column order (column j at bit SHIFTS[j]), so the stores are contiguous along N.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .awq_format import PACK, dequantize
+from .contract import check_out, check_tensor
+
+
+@triton.jit
+def _dequant_kernel(
+    qw_ptr,  # (K, words) int32
+    qz_ptr,  # (K / GROUP, words) int32
+    s_ptr,  # (K / GROUP, N) fp16
+    out_ptr,  # (K, N)
+    N,
+    words,
+    GROUP: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    pid_k = tl.program_id(0)
+    pid_w = tl.program_id(1)
+    rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    rw = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
+    j = tl.arange(0, 8)  # the eight columns of a word
+    shift = (j // 2) * 4 + (j % 2) * 16  # SHIFTS: column j of a word sits in nibble 0 4 1 5 2 6 3 7
+    w_ok = rw < words
+    g = pid_k * BLOCK_K // GROUP  # BLOCK_K divides GROUP: one group per program
+    w = tl.load(qw_ptr + rk.to(tl.int64)[:, None] * words + rw[None, :], mask=w_ok[None, :], other=0)
+    zw = tl.load(qz_ptr + g * words + rw, mask=w_ok, other=0)  # (BLOCK_W,)
+    cols = rw[:, None] * 8 + j[None, :]  # (BLOCK_W, 8)
+    ok = w_ok[:, None]
+    s = tl.load(s_ptr + g * N + cols, mask=ok, other=0.0).to(tl.float32)
+    z = ((zw[:, None] >> shift[None, :]) & 0xF).to(tl.float32)  # (BLOCK_W, 8)
+    q = ((w[:, :, None] >> shift[None, None, :]) & 0xF).to(tl.float32)  # (BLOCK_K, BLOCK_W, 8)
+    val = (q - z[None, :, :]) * s[None, :, :]
+    offs = rk.to(tl.int64)[:, None, None] * N + cols[None, :, :]
+    tl.store(out_ptr + offs, val.to(out_ptr.dtype.element_ty), mask=ok[None, :, :])
+
+
+def awq_dequant(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, out: torch.Tensor
+) -> torch.Tensor:
+    """Write W.T = (q - z) s, (K, N), into `out` (bf16 or fp16, contiguous); returns `out`."""
+    check_tensor("qweight", qweight, ndim=2, dtypes=(torch.int32,))
+    check_tensor("qzeros", qzeros, ndim=2, dtypes=(torch.int32,), device=qweight.device)
+    check_tensor("scales", scales, ndim=2, dtypes=(torch.float16,), device=qweight.device)
+    k, words = qweight.shape
+    groups, n = scales.shape
+    if groups < 1 or k % groups or n != words * PACK or tuple(qzeros.shape) != (groups, words):
+        raise ValueError(
+            f"qweight {tuple(qweight.shape)}, qzeros {tuple(qzeros.shape)} and scales "
+            f"{tuple(scales.shape)} are not one AWQ matrix"
+        )
+    group = k // groups
+    if out.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(f"out must be bf16, fp16 or fp32, got {out.dtype}")
+    check_out(out, (k, n), out.dtype, qweight.device)
+    block_k = min(group, 16)
+    if group % block_k:
+        raise ValueError(f"group size {group} must be a multiple of {block_k}")
+    block_w = 64
+    grid = (k // block_k, triton.cdiv(words, block_w))
+    _dequant_kernel[grid](
+        qweight, qzeros, scales, out, n, words, GROUP=group, BLOCK_K=block_k, BLOCK_W=block_w
+    )
+    return out
+
+
+def awq_dequant_ref(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Plain PyTorch: kernels/awq_format.py's dequantize, rounded once."""
+    return dequantize(qweight, qzeros, scales).to(dtype)

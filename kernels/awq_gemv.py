@@ -1,0 +1,232 @@
+"""y = x @ W.T for one row x with W stored as INT4 AWQ (kernels/awq_format.py): a decode step.
+
+At M = 1 the product is a stream of packed weights with a few floating-point operations per weight, so
+it runs on the CUDA cores, not the tensor cores: no operand shuffles through shared memory. What bounds it
+is the instructions per weight (the H200 issues 128 lane-operations per SM and clock, about 33e12/s, and
+streams about 9e12 weights/s), so the unpacking is three operations per weight and no int-to-float
+conversion (those run at a quarter rate):
+
+    v = bitcast_f32(0x3F800000 | nibble << 19) = 1 + q/16      one shift (a funnel shift) and one LOP3
+    d += x * v                                                  one FMA
+
+and per group of `group` input rows, with X = sum_k x[k] and D = sum_k x[k] v[k]:
+
+    sum_k x[k] (q[k] - z) s = s (16 D - (16 + z) X)
+
+Each thread owns four consecutive words of a row (one 16-byte load) and every K row of the tile, so the sum
+over K stays in its registers: the tile's words are BLOCK_W = 128 * num_warps. Programs take a column
+block and a share of the groups (split-K); the last share to arrive sums the partials in split order in
+the same launch (deterministic, graph-safe), as kernels/skinny_gemm.py does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .awq_format import PACK
+from .pdl import launch_options, pdl_release, pdl_wait
+from .skinny_gemm import SkinnyWorkspace
+
+GEMV_MAX_M = 1  # a second row of x doubles the FMAs per weight: the tensor cores take M >= 2
+
+
+@dataclass(frozen=True)
+class GemvTiles:
+    """block_k rows of K per load; split_k shares of the groups; num_warps sets BLOCK_W = 128 * num_warps."""
+
+    block_k: int = 16
+    split_k: int = 1
+    num_warps: int = 4
+
+
+@triton.jit
+def nibble_unit(w, NIB: tl.constexpr, POS: tl.constexpr):
+    """Bits of nibble NIB of each word moved to bits POS..POS+3 (everything else zero): one shift."""
+    if 4 * NIB >= POS:
+        return (w >> (4 * NIB - POS)) & (0xF << POS)
+    return (w << (POS - 4 * NIB)) & (0xF << POS)
+
+
+@triton.jit
+def unit_f32(w, NIB: tl.constexpr):
+    """1 + q/16 in fp32 for nibble NIB of each word, exact: q under the exponent of 1.0."""
+    return (nibble_unit(w, NIB, 19) | 0x3F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def group_term(d, xs, zw, srow, ok, NIB: tl.constexpr):
+    """s (16 D - (16 + z) X) for the columns of nibble NIB: (BM, WORDS) fp32 from D (BM, WORDS), X (BM,)."""
+    COL: tl.constexpr = (NIB % 4) * 2 + NIB // 4  # ORDER: 0 2 4 6 1 3 5 7
+    z = ((zw >> (4 * NIB)) & 0xF).to(tl.float32)  # (WORDS,), once per group
+    s = tl.load(srow + COL, mask=ok, other=0.0).to(tl.float32)
+    return s[None, :] * (16.0 * d - (16.0 + z)[None, :] * xs[:, None])
+
+
+@triton.jit
+def _group_term1(d, xs, zw, srow, ok, NIB: tl.constexpr):
+    """group_term for one row: D (WORDS,), X a scalar."""
+    COL: tl.constexpr = (NIB % 4) * 2 + NIB // 4
+    z = ((zw >> (4 * NIB)) & 0xF).to(tl.float32)
+    s = tl.load(srow + COL, mask=ok, other=0.0).to(tl.float32)
+    return s * (16.0 * d - (16.0 + z) * xs)
+
+
+@triton.jit
+def _dot1(x, w, NIB: tl.constexpr):
+    return tl.sum(x[:, None] * unit_f32(w, NIB), axis=0)  # (WORDS,): the K sum in each thread's registers
+
+
+@triton.jit
+def finish(a0, a1, a2, a3, a4, a5, a6, a7, out_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, M, N,
+           BLOCK_M: tl.constexpr, WORDS: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+    """Put the eight nibble accumulators back in column order and store y, or the split-K partial and,
+    for the last share to arrive, the sum of all partials in split order."""
+    # Column j = 4 j2 + 2 j1 + j0 of a word is nibble REVERSE_ORDER[j]; joins put j0 innermost, then j1,
+    # then j2, so the reshape lays the columns out as 8w + j.
+    acc = tl.join(tl.join(tl.join(a0, a2), tl.join(a1, a3)), tl.join(tl.join(a4, a6), tl.join(a5, a7)))
+    acc = tl.reshape(acc, (BLOCK_M, WORDS * 8))
+    rn = pid_n * WORDS * 8 + tl.arange(0, WORDS * 8)
+    out_off = rm[:, None] * N + rn[None, :]
+    out_mask = (rm < M)[:, None] & (rn < N)[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptr + out_off, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tl.store(part_ptr + pid_k * M * N + out_off, acc, mask=out_mask)
+        tl.debug_barrier()  # every thread's partial is stored before the one release below
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_M, WORDS * 8), tl.float32)
+            for sh in range(SPLIT_K):  # in split order: deterministic
+                total += tl.load(
+                    part_ptr + sh * M * N + out_off, mask=out_mask, other=0.0, cache_modifier=".cg"
+                )
+            tl.store(out_ptr + out_off, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,  # (1, K)
+    qw_ptr,  # (K, words) int32
+    qz_ptr,  # (K / GROUP, words) int32
+    s_ptr,  # (K / GROUP, N) fp16
+    out_ptr,  # (1, N)
+    part_ptr,  # (SPLIT_K, 1, N) fp32 partials when SPLIT_K > 1
+    count_ptr,  # (column blocks,) int32, zero between launches, when SPLIT_K > 1
+    N,
+    words,  # N / 8, the row stride of qweight: passed so that Triton sees it divisible by 16 (16-byte loads)
+    groups,
+    groups_per_split,
+    GROUP: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rw = pid_n * BLOCK_W + tl.arange(0, BLOCK_W)
+    rk = tl.arange(0, BLOCK_K)
+    w_ok = rw < words
+    g_lo = pid_k * groups_per_split
+    g_hi = tl.minimum(g_lo + groups_per_split, groups)
+    pdl_release(PDL)
+    pdl_wait(PDL)  # x is the previous kernel's output
+    a0 = tl.zeros((BLOCK_W,), tl.float32)
+    a1 = tl.zeros((BLOCK_W,), tl.float32)
+    a2 = tl.zeros((BLOCK_W,), tl.float32)
+    a3 = tl.zeros((BLOCK_W,), tl.float32)
+    a4 = tl.zeros((BLOCK_W,), tl.float32)
+    a5 = tl.zeros((BLOCK_W,), tl.float32)
+    a6 = tl.zeros((BLOCK_W,), tl.float32)
+    a7 = tl.zeros((BLOCK_W,), tl.float32)
+    for g in range(g_lo, g_hi):
+        d0 = tl.zeros((BLOCK_W,), tl.float32)
+        d1 = tl.zeros((BLOCK_W,), tl.float32)
+        d2 = tl.zeros((BLOCK_W,), tl.float32)
+        d3 = tl.zeros((BLOCK_W,), tl.float32)
+        d4 = tl.zeros((BLOCK_W,), tl.float32)
+        d5 = tl.zeros((BLOCK_W,), tl.float32)
+        d6 = tl.zeros((BLOCK_W,), tl.float32)
+        d7 = tl.zeros((BLOCK_W,), tl.float32)
+        xs = 0.0
+        for kt in range(0, GROUP, BLOCK_K):
+            kk = g * GROUP + kt + rk
+            w = tl.load(qw_ptr + kk.to(tl.int64)[:, None] * words + rw[None, :], mask=w_ok[None, :], other=0)
+            x = tl.load(x_ptr + kk).to(tl.float32)  # (BLOCK_K,)
+            xs += tl.sum(x, axis=0)
+            d0 += _dot1(x, w, 0)
+            d1 += _dot1(x, w, 1)
+            d2 += _dot1(x, w, 2)
+            d3 += _dot1(x, w, 3)
+            d4 += _dot1(x, w, 4)
+            d5 += _dot1(x, w, 5)
+            d6 += _dot1(x, w, 6)
+            d7 += _dot1(x, w, 7)
+        zw = tl.load(qz_ptr + g * words + rw, mask=w_ok, other=0)  # (BLOCK_W,)
+        srow = s_ptr + g * N + rw * 8  # scales of the words' first columns
+        a0 += _group_term1(d0, xs, zw, srow, w_ok, 0)
+        a1 += _group_term1(d1, xs, zw, srow, w_ok, 1)
+        a2 += _group_term1(d2, xs, zw, srow, w_ok, 2)
+        a3 += _group_term1(d3, xs, zw, srow, w_ok, 3)
+        a4 += _group_term1(d4, xs, zw, srow, w_ok, 4)
+        a5 += _group_term1(d5, xs, zw, srow, w_ok, 5)
+        a6 += _group_term1(d6, xs, zw, srow, w_ok, 6)
+        a7 += _group_term1(d7, xs, zw, srow, w_ok, 7)
+    rm = tl.arange(0, 1)
+    finish(a0[None, :], a1[None, :], a2[None, :], a3[None, :], a4[None, :], a5[None, :], a6[None, :],
+           a7[None, :], out_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, 1, N, 1, BLOCK_W,
+           SPLIT_K)  # fmt: skip
+
+
+def gemv_tiles(n: int, k: int, group: int, device: torch.device) -> GemvTiles:
+    """Enough programs for every SM to hold several: column blocks times group shares >= 4 per SM."""
+    if device.type != "cuda":
+        return GemvTiles(block_k=16, split_k=1, num_warps=1)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    warps = 4 if n // PACK >= 4 * 512 else 2 if n // PACK >= 1024 else 1
+    blocks = triton.cdiv(n // PACK, 128 * warps)
+    split = max(1, min(k // group, triton.cdiv(4 * sms, blocks)))
+    return GemvTiles(block_k=16, split_k=split, num_warps=warps)
+
+
+def launch_gemv(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group: int,
+    out: torch.Tensor,
+    tiles: GemvTiles,
+    workspace: SkinnyWorkspace | None,
+    pdl: bool,
+) -> torch.Tensor:
+    """One launch, arguments already checked by the caller (kernels/awq_gemm.py's awq_skinny)."""
+    m, k = x.shape
+    n = scales.shape[1]
+    words, groups = qweight.shape[1], k // group
+    if m != 1:
+        raise ValueError(f"the CUDA-core kernel takes one row of x, got {m} (GemvTiles are for M = 1)")
+    if tiles.block_k < 1 or group % tiles.block_k or tiles.block_k & (tiles.block_k - 1):
+        raise ValueError(f"block_k {tiles.block_k} must be a power of two dividing the group size {group}")
+    block_w = 128 * tiles.num_warps
+    per_split = triton.cdiv(groups, max(1, tiles.split_k))
+    split = triton.cdiv(groups, per_split)  # shares that hold any group at all
+    blocks = triton.cdiv(words, block_w)
+    part, counts = out, out  # never touched without split-K
+    if split > 1:
+        if workspace is None:
+            workspace = SkinnyWorkspace.allocate(n, split, x.device, block_w * PACK)
+        if workspace.partials.numel() < split * m * n or workspace.counts.numel() < blocks:
+            raise ValueError(f"workspace too small for split_k {split}, M {m}, N {n}")
+        part, counts = workspace.partials, workspace.counts
+    _gemv_kernel[(blocks, split)](
+        x, qweight, qzeros, scales, out, part, counts, n, words, groups, per_split,
+        GROUP=group, BLOCK_W=block_w, BLOCK_K=tiles.block_k,
+        SPLIT_K=split, PDL=pdl, num_warps=tiles.num_warps, num_stages=1, **launch_options(pdl),
+    )  # fmt: skip
+    return out
