@@ -26,11 +26,11 @@ SKINNY = [
     (3, 8, 224, 32, AwqTiles(16, 32, 32, 3, 4, 1)),  # shares of 3, 3 and 1 groups
     (2, 56, 256, 128, AwqTiles(16, 32, 128, 2, 4, 1)),  # one whole group per share
     (7, 48, 192, 64, AwqTiles(16, 16, 16, 16, 4, 1)),  # 16 asked, 3 shares hold any group
-    # The CUDA-core kernel (one or two rows): a 128-word block over a few words, group shares.
+    # The CUDA-core kernel (one row): a 128-word block over a few words, group shares.
     (1, 40, 64, 32, GemvTiles(16, 1, 1)),
-    (2, 72, 128, 64, GemvTiles(8, 1, 1)),
+    (1, 72, 128, 64, GemvTiles(8, 1, 1)),
     (1, 24, 384, 128, GemvTiles(32, 2, 1)),  # shares of 2 and 1 groups
-    (2, 1032, 224, 32, GemvTiles(16, 3, 1)),  # 129 words: two column blocks, the last of one word
+    (1, 1032, 224, 32, GemvTiles(16, 3, 1)),  # 129 words: two column blocks, the last of one word
     (1, 8, 96, 32, GemvTiles(32, 16, 1)),  # 16 asked, 3 shares hold any group
 ]
 GEMM = [
@@ -106,6 +106,8 @@ def test_contract_errors_name_the_argument() -> None:
         awq_skinny(x, qw, qz[:1], s)
     with pytest.raises(ValueError, match="qweight"):
         awq_skinny(torch.randn(2, 32), qw, qz, s)
+    with pytest.raises(ValueError, match="one row of x, got 2"):
+        awq_skinny(x, qw, qz, s, tiles=GemvTiles(16, 1, 1))
     with pytest.raises(ValueError, match="1..16 rows"):
         awq_skinny(torch.randn(17, 64), qw, qz, s)
     with pytest.raises(ValueError, match="block_k 64 must be >= 16 and divide the group size 32"):
