@@ -29,7 +29,8 @@ from lsp_dscoder.engine.awq import AwqLinear
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
-from lsp_dscoder.kernels.awq_gemm import MAX_SPLIT, awq_gemm, awq_skinny
+from lsp_dscoder.kernels.awq_dequant import awq_dequant
+from lsp_dscoder.kernels.awq_gemm import MAX_SPLIT, awq_skinny
 from lsp_dscoder.kernels.decode_attention import decode_attention
 from lsp_dscoder.kernels.extend_attention import extend_attention
 from lsp_dscoder.kernels.pdl import pdl_supported
@@ -92,9 +93,12 @@ class FastRunner:
         # Split-K partials for the widest layer matrix; one workspace serves every launch of a step.
         widest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
         self.workspace = SkinnyWorkspace.allocate(widest, 8, dev) if gemm != "cublas" else None
-        # AWQ checkpoints (engine/awq.py) run every layer matrix packed, through kernels/awq_gemm.py.
+        # AWQ checkpoints (engine/awq.py) run every layer matrix packed, through kernels/awq_gemm.py; a
+        # larger step dequantizes each matrix into one reused buffer for cuBLAS (docs/awq.md).
         packed = bool(model.w.layers) and model.w.layers[0].quant is not None
         self.awq_workspace = SkinnyWorkspace.allocate(widest, MAX_SPLIT, dev) if packed else None
+        largest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size) * cfg.hidden_size
+        self.awq_dense = torch.empty(largest, dtype=model.w.embed.dtype, device=dev) if packed else None
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, packed: AwqLinear | None = None) -> torch.Tensor:
         """x @ w.T for a layer matrix: the skinny GEMM for at most MAX_M rows when chosen, else cuBLAS."""
@@ -102,7 +106,9 @@ class FastRunner:
             p = (packed.qweight, packed.qzeros, packed.scales)
             if x.shape[0] <= MAX_M:
                 return awq_skinny(x, *p, workspace=self.awq_workspace, pdl=self.pdl)
-            return awq_gemm(x, *p)
+            assert self.awq_dense is not None  # allocated with the packed layers
+            k, n = packed.in_features, packed.out_features
+            return x @ awq_dequant(*p, out=self.awq_dense[: k * n].view(k, n))  # (K, N)
         if self.skinny and x.shape[0] <= MAX_M:
             return skinny_gemm(x, w, workspace=self.workspace, pdl=self.pdl)
         return x @ w.T
