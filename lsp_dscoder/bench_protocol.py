@@ -90,7 +90,7 @@ async def type_document(client: RpcClient, uri: str, doc: Document, plan: Plan) 
     await client.wait(cold, plan.timeout_s)
     trips = []
     for _ in range(plan.round_trips):
-        c = await client.request("dscoder/stats", None)
+        c = await client.request("dscoder/stats", {"recent": 0})
         await client.wait(c, plan.timeout_s)
         trips.append(c)
     keys: list[Key] = []

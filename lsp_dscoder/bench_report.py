@@ -19,11 +19,14 @@ REQUEST_CANCELLED = -32800
 # (`CompletionStats.steps_to_text`), under the names the server's log line may give it.
 STEPS_KEYS = ("stepsToText", "steps_to_text", "stepsBeforePartial")
 ROWS = (
-    ("round_trip_ms", "bare round trip (dscoder/stats)"),
+    ("round_trip_ms", "bare round trip (dscoder/stats, no records)"),
     ("client_engine_ms", "client: first partial, engine keystrokes"),
     ("server_first_partial_ms", "server: firstPartialMs, engine keystrokes"),
-    ("engine_ttft_ms", "engine TTFT, engine keystrokes"),
-    ("client_minus_server_ms", "client - server firstPartial (pipes, framing)"),
+    ("engine_ttft_ms", "engine TTFT (first sampled token)"),
+    ("engine_text_ms", "engine first visible text"),
+    ("queue_ms", "engine queue (submit to generation start)"),
+    ("client_minus_text_ms", "client first partial - engine first text (our path)"),
+    ("client_minus_server_ms", "client - server firstPartial (pipes, framing, edit)"),
     ("steps_before_partial", "decode steps before the first partial"),
     ("prefilled_tokens", "tokens prefilled per engine keystroke"),
     ("client_memory_ms", "client: typed through (from memory)"),
@@ -74,6 +77,15 @@ def summarize(
         "client_engine_ms": _dist(client_ms.get(k.call.id) for k, _ in engine),
         "server_first_partial_ms": _dist(r.get("firstPartialMs") for _, r in engine),
         "engine_ttft_ms": _dist(r.get("engineTtftMs") for _, r in engine),
+        "engine_text_ms": _dist(r.get("engineTextMs") for _, r in engine),
+        "queue_ms": _dist(r.get("queueMs") for _, r in engine),
+        # The engine's own part is generation start -> first visible text; everything else the user
+        # waited for is ours: pipes, framing, the edit, prompt, submit (queue included), the hop back, write.
+        "client_minus_text_ms": _dist(
+            client_ms[k.call.id] - r["engineTextMs"]
+            for k, r in engine
+            if k.call.id in client_ms and r.get("engineTextMs") is not None
+        ),
         "client_minus_server_ms": _dist(
             client_ms[k.call.id] - r["firstPartialMs"]
             for k, r in engine

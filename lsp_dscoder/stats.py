@@ -103,6 +103,7 @@ class RequestRecord:
             "promptMs": _ms(self.prompt_s),
             "queueMs": None if e is None else _ms(e.queue_s),
             "engineTtftMs": None if e is None else _ms(e.ttft_s),
+            "engineTextMs": None if e is None else _ms(e.text_s),
             "promptTokens": None if e is None else e.prompt_tokens,
             "reusedTokens": None if e is None else e.reused_tokens,
             "prefilledTokens": None if e is None else e.prefilled_tokens,
@@ -116,7 +117,8 @@ class RequestRecord:
     def log_line(self) -> str:
         d = self.as_dict()
         keys = (
-            *("source", "outcome", "firstPartialMs", "promptMs", "queueMs", "engineTtftMs", "responseMs"),
+            *("source", "outcome", "firstPartialMs", "promptMs", "queueMs", "engineTtftMs", "engineTextMs"),
+            "responseMs",
             *("promptTokens", "reusedTokens", "prefilledTokens", "generatedTokens", "decodeTokensPerS"),
             "stepsToText",
             *("stopReason", "stopRule"),
@@ -134,6 +136,7 @@ class Stats:
         self.tokens: Counter[str] = Counter()
         self.first_partial_ms: deque[float] = deque(maxlen=_WINDOW)
         self.engine_ttft_ms: deque[float] = deque(maxlen=_WINDOW)
+        self.engine_text_ms: deque[float] = deque(maxlen=_WINDOW)
         self.recent: deque[dict[str, Any]] = deque(maxlen=_RECENT)
 
     def begin(self, request_id: Any, uri: str, version: int | None) -> RequestRecord:
@@ -151,13 +154,17 @@ class Stats:
             self.first_partial_ms.append(d["firstPartialMs"])
         if d["engineTtftMs"] is not None:
             self.engine_ttft_ms.append(d["engineTtftMs"])
+        if d["engineTextMs"] is not None:
+            self.engine_text_ms.append(d["engineTextMs"])
         self.recent.append(d)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, recent: int = _RECENT) -> dict[str, Any]:
+        """The aggregates and the last `recent` request records (oldest first)."""
         return {
             "counts": dict(self.counts),
             "tokens": dict(self.tokens),
             "firstPartialMs": percentiles(self.first_partial_ms),
             "engineTtftMs": percentiles(self.engine_ttft_ms),
-            "recent": list(self.recent),
+            "engineTextMs": percentiles(self.engine_text_ms),
+            "recent": list(self.recent)[len(self.recent) - min(recent, len(self.recent)) :],
         }
