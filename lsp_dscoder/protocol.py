@@ -9,6 +9,7 @@ import itertools
 import json
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from lsprotocol import types
@@ -19,7 +20,7 @@ from pygls.uris import to_fs_path
 
 from lsp_dscoder import __version__
 from lsp_dscoder.completer import Completer, Snapshot
-from lsp_dscoder.documents import Document, Documents, check_version
+from lsp_dscoder.documents import Document, Documents, change_params, check_version
 from lsp_dscoder.engine_host import EngineHost
 from lsp_dscoder.errors import DocumentSyncError
 from lsp_dscoder.positions import Encoding
@@ -40,6 +41,14 @@ class _Refused:
     """Stands in for a sync notification refused before parsing (the server has said why)."""
 
 
+class _Direct:
+    """A keystroke's notification (`didChange`, `$/cancelRequest`), read from the JSON and run directly:
+    pygls' dispatch would add protocol type checks, a uuid and a Future per message to every keystroke."""
+
+    def __init__(self, run: Callable[[], None]) -> None:
+        self.run = run
+
+
 class DocumentProtocol(DscoderProtocol):
     """Text sync goes to the server's own documents (`documents.py`), not to pygls' workspace, and a
     version that is not an integer is refused before cattrs would coerce it ("3", true, 1.5 -> 3, 1, 1)."""
@@ -56,9 +65,28 @@ class DocumentProtocol(DscoderProtocol):
                 except DocumentSyncError as exc:
                     self._server.sync_refused(ident["uri"], data["method"], str(exc))
                     return _Refused()
+        if "id" not in data and not self._shutdown and data.get("jsonrpc") == "2.0":
+            direct = self._direct(data.get("method"), data.get("params"))
+            if direct is not None:
+                return direct
         return super().structure_message(data)
 
+    def _direct(self, method: Any, params: Any) -> _Direct | None:
+        """The keystroke notifications in their usual shape; None for anything else (pygls' path)."""
+        if method == types.TEXT_DOCUMENT_DID_CHANGE:
+            change = change_params(params)
+            if change is not None:
+                return _Direct(lambda: self._user(types.TEXT_DOCUMENT_DID_CHANGE, change))
+        elif method == types.CANCEL_REQUEST and isinstance(params, dict):
+            msg_id = params.get("id")
+            if isinstance(msg_id, str) or (isinstance(msg_id, int) and not isinstance(msg_id, bool)):
+                return _Direct(lambda: self._handle_cancel_notification(msg_id))
+        return None
+
     def handle_message(self, message: Any) -> None:
+        if isinstance(message, _Direct):
+            message.run()
+            return
         if isinstance(message, _Refused):
             return
         if getattr(message, "method", None) in _AT_POSITION and hasattr(message, "id"):
@@ -89,6 +117,14 @@ class DocumentProtocol(DscoderProtocol):
 
             future.add_done_callback(forget)
 
+    def notify_json(self, method: str, params: dict[str, Any]) -> None:
+        """A notification whose params are plain JSON values, written as one message without pygls'
+        structuring: `dscoder/partialCompletion` goes out for every change of the visible text."""
+        if self.writer is None:
+            return
+        body = json.dumps({"jsonrpc": "2.0", "method": method, "params": params}).encode()
+        self.writer.write(b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
     def _handle_cancel_notification(self, msg_id: Any) -> None:
         if msg_id not in self._request_futures:
             # Answered already (editors cancel as they type on): normal, not worth pygls' warning.
@@ -116,6 +152,8 @@ class DocumentProtocol(DscoderProtocol):
 
 class DscoderServer(LanguageServer):
     """Holds the server's state; the handlers in `server.py` are registered on it."""
+
+    protocol: DocumentProtocol
 
     def __init__(self, base: Settings) -> None:
         super().__init__("lsp-dscoder", __version__, protocol_cls=DocumentProtocol, max_workers=4)

@@ -58,7 +58,7 @@ async def _suggest(
 
     def send_partial(text: str, done: bool) -> None:
         params = {"requestId": request_id, "uri": uri, "version": snap.version, "position": where}
-        ls.protocol.notify(PARTIAL_COMPLETION, {**params, "text": text, "done": done})
+        ls.protocol.notify_json(PARTIAL_COMPLETION, {**params, "text": text, "done": done})
 
     text = await ls.completer.complete(snap, request_id, send_partial)
     if not text or not ls.is_current(doc, snap):
@@ -160,11 +160,15 @@ def create_server(base: Settings) -> DscoderServer:
 
     @ls.feature(STATS)
     def stats(ls: DscoderServer, params: Any) -> dict[str, Any]:
+        # {"recent": N}: at most N request records (0 makes the reply small enough to time a bare round trip)
+        recent = getattr(params, "recent", None)
+        if isinstance(recent, bool) or not isinstance(recent, int) or recent < 0:
+            recent = None
         return {
             "engineState": ls.host.state.value,
             "engineError": ls.host.error,
             "engine": ls.host.stats(),
-            "requests": ls.stats.as_dict(),
+            "requests": ls.stats.as_dict() if recent is None else ls.stats.as_dict(recent),
             "settings": settings_mod.to_json(ls.settings),
         }
 
