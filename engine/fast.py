@@ -37,7 +37,7 @@ from lsp_dscoder.kernels.pdl import pdl_supported
 from lsp_dscoder.kernels.rms_norm import rms_norm
 from lsp_dscoder.kernels.rope_store import rope_cos_sin, rope_store
 from lsp_dscoder.kernels.silu_mul import silu_mul
-from lsp_dscoder.kernels.skinny_gemm import MAX_M, SkinnyWorkspace, skinny_gemm
+from lsp_dscoder.kernels.skinny_gemm import MAX_M, NormPrologue, SkinnyWorkspace, skinny_gemm
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 GEMM_CHOICES = ("auto", "cublas", "skinny")
@@ -51,7 +51,9 @@ class FastRunner:
     suite does so under TRITON_INTERPRET=1). `gemm` for steps of <= MAX_M tokens: "cublas", "skinny", or
     "auto" (the faster per graph bucket, timed in `capture`; eager steps take the skinny GEMM). `pdl`: launch
     with programmatic dependent launch (sm_90+); None: where the GPU supports it. `fused_combine`: decode
-    attention merges its splits in its last program instead of a second kernel."""
+    attention merges its splits in its last program instead of a second kernel. `fused_norm`: on the skinny
+    path, the residual add + RMSNorm before QKV and gate/up runs in the GEMM's prologue (two launches a layer
+    fewer)."""
 
     def __init__(
         self,
@@ -62,6 +64,7 @@ class FastRunner:
         gemm: str = "auto",
         pdl: bool | None = False,
         fused_combine: bool = False,
+        fused_norm: bool = False,
     ) -> None:
         if gemm not in GEMM_CHOICES:
             raise ValueError(f"gemm must be one of {GEMM_CHOICES}, got {gemm!r}")
@@ -85,6 +88,7 @@ class FastRunner:
         self.pdl = pdl_supported(dev) if pdl is None else pdl
         self.chosen: dict[int, str] = {}  # bucket -> "cublas" | "skinny", filled by capture
         self.graph_pool_bytes = 0  # GPU memory of the captured graphs, measured by capture
+        self.fused_norm = fused_norm
         # Decode attention's arrival counters (one per KV head, zero between launches): with them the last
         # split merges the partials itself, one launch a layer fewer.
         self.attn_counts = (
@@ -113,6 +117,24 @@ class FastRunner:
             return skinny_gemm(x, w, workspace=self.workspace, pdl=self.pdl)
         return x @ w.T
 
+    def norm_linear(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor,
+        norm_w: torch.Tensor,
+        w: torch.Tensor,
+        packed: AwqLinear | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(linear(rmsnorm(residual + x)), the new residual): with `fused_norm`, in the skinny GEMM's prologue
+        (one launch, the new residual in a fresh buffer); else the norm kernel (residual updated in place)."""
+        eps = self.cfg.rms_norm_eps
+        if self.fused_norm and self.skinny and packed is None and x.shape[0] <= MAX_M:
+            new_residual = torch.empty_like(residual)
+            norm = NormPrologue(residual, norm_w, eps, new_residual)
+            return skinny_gemm(x, w, workspace=self.workspace, pdl=self.pdl, norm=norm), new_residual
+        x = rms_norm(x, norm_w, eps, residual=residual, pdl=self.pdl)
+        return self.linear(x, w, packed), residual
+
     # -- the forward pass ------------------------------------------------------------------------------
     def forward(
         self,
@@ -132,13 +154,15 @@ class FastRunner:
         for n, layer in enumerate(w.layers):
             if interrupted is not None and interrupted():
                 return None
+            aq = layer.quant  # packed AWQ matrices, or None
             if x is None:
                 x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps, pdl=pdl)
                 residual = h.clone()
-            else:
-                x = rms_norm(x, layer.input_norm, cfg.rms_norm_eps, residual=residual, pdl=pdl)  # += mlp out
-            aq = layer.quant  # packed AWQ matrices, or None
-            qkv = self.linear(x, layer.wqkv, aq.wqkv if aq else None)  # (T, (H + 2*KVH) * D)
+                qkv = self.linear(x, layer.wqkv, aq.wqkv if aq else None)  # (T, (H + 2*KVH) * D)
+            else:  # residual += mlp out, then the norm and the QKV projection
+                qkv, residual = self.norm_linear(
+                    x, residual, layer.input_norm, layer.wqkv, aq.wqkv if aq else None
+                )
             k_cache, v_cache = cache.k(n, slot), cache.v(n, slot)  # (KVH, capacity, D)
             q = rope_store(
                 qkv, self.cos_sin, start, k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads, pdl=pdl
@@ -150,8 +174,10 @@ class FastRunner:
             else:
                 attn = extend_attention(q, k_cache, v_cache, start, self.scale, pdl=pdl)  # (T, H, D)
             o = self.linear(attn.view(t, cfg.q_size), layer.wo, aq.wo if aq else None)  # (T, C)
-            x = rms_norm(o, layer.post_norm, cfg.rms_norm_eps, residual=residual, pdl=pdl)  # += attn out
-            gate_up = self.linear(x, layer.w_gate_up, aq.w_gate_up if aq else None)  # (T, 2I)
+            post = layer.post_norm  # residual += attn out, then the norm and the gate/up projection
+            gate_up, residual = self.norm_linear(
+                o, residual, post, layer.w_gate_up, aq.w_gate_up if aq else None
+            )
             x = self.linear(silu_mul(gate_up, pdl=pdl), layer.w_down, aq.w_down if aq else None)  # (T, C)
         assert x is not None  # set by the first layer; a model has at least one
         x = rms_norm(x, w.norm, cfg.rms_norm_eps, residual=residual, pdl=pdl)  # (T, C)

@@ -13,6 +13,12 @@ resets the counter, so a CUDA graph replays with the workspace as it found it.
 
 SWIGLU=True takes x as the gate/up projection output (M, 2K) and multiplies by silu(gate) * up, computed in
 fp32 and rounded once as kernels/silu_mul.py does: the down projection without the SwiGLU launch.
+
+NORM=True is the residual add + RMSNorm of kernels/rms_norm.py in the prologue (the QKV and gate/up
+projections without the norm launch): every program sums the squares of its rows of x + residual over the
+whole K (a few KB from L2 at M <= 16), normalises its own K share with the same roundings, and the programs
+of the first N block write the new residual, x + residual, to `residual_out` (not in place: other programs
+still read the old one).
 """
 
 from __future__ import annotations
@@ -44,6 +50,32 @@ class SkinnyConfig:
     num_stages: int = 4
 
 
+@dataclass(frozen=True)
+class NormPrologue:
+    """The residual add + RMSNorm before a projection: x := rmsnorm(x + residual) * weight, and
+    residual_out := x + residual (the residual stream after this add)."""
+
+    residual: torch.Tensor  # (M, K)
+    weight: torch.Tensor  # (K,)
+    eps: float
+    residual_out: torch.Tensor  # (M, K), not `residual` itself
+
+
+@triton.jit
+def _row_inv_rms(x_ptr, res_ptr, rm, M, K, eps, BLOCK_M: tl.constexpr, BLOCK_KF: tl.constexpr):
+    """1 / rms of each row of bf16-rounded x + residual, over the whole K (BLOCK_KF >= K), one row at a time
+    so that only real rows are read."""
+    cols = tl.arange(0, BLOCK_KF)
+    col_ok = cols < K
+    inv = tl.zeros((BLOCK_M,), tl.float32)
+    for r in range(0, M):
+        h = tl.load(x_ptr + r * K + cols, mask=col_ok, other=0.0).to(tl.float32)
+        h += tl.load(res_ptr + r * K + cols, mask=col_ok, other=0.0).to(tl.float32)
+        h = h.to(x_ptr.dtype.element_ty).to(tl.float32)  # the residual as stored
+        inv = tl.where(rm == r, tl.rsqrt(tl.sum(h * h, 0) / K + eps), inv)
+    return inv
+
+
 @triton.jit
 def _skinny_kernel(
     x_ptr,  # (M, K), or (M, 2K) [gate | up] when SWIGLU
@@ -51,6 +83,10 @@ def _skinny_kernel(
     out_ptr,  # (M, N)
     part_ptr,  # (SPLIT_K, M, N) fp32 partials when SPLIT_K > 1
     count_ptr,  # (cdiv(N, BLOCK_N),) int32, zero between launches, when SPLIT_K > 1
+    res_ptr,  # (M, K) residual when NORM
+    norm_w_ptr,  # (K,) norm weight when NORM
+    res_out_ptr,  # (M, K) x + residual when NORM
+    eps,
     M,
     N,
     K,
@@ -60,6 +96,8 @@ def _skinny_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     SWIGLU: tl.constexpr,
+    NORM: tl.constexpr,
+    BLOCK_KF: tl.constexpr,  # K padded to a power of two, when NORM
     EVEN_K: tl.constexpr,  # K == SPLIT_K * k_per_split: no K masks
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -93,6 +131,8 @@ def _skinny_kernel(
             pack=1,
         )
     pdl_wait(PDL)  # x is the previous kernel's output
+    if NORM:
+        inv_rms = _row_inv_rms(x_ptr, res_ptr, rm, M, K, eps, BLOCK_M, BLOCK_KF)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, k_per_split, BLOCK_K):
         kk = k_lo + k0 + rk
@@ -106,6 +146,15 @@ def _skinny_kernel(
             gate = tl.load(x_ptr + x_row + kk[None, :], mask=x_mask, other=0.0).to(tl.float32)
             up = tl.load(x_ptr + x_row + K + kk[None, :], mask=x_mask, other=0.0).to(tl.float32)
             a = (gate * tl.sigmoid(gate) * up).to(w_ptr.dtype.element_ty)
+        elif NORM:
+            h = tl.load(x_ptr + x_row + kk[None, :], mask=x_mask, other=0.0).to(tl.float32)
+            h += tl.load(res_ptr + x_row + kk[None, :], mask=x_mask, other=0.0).to(tl.float32)
+            h_stored = h.to(x_ptr.dtype.element_ty)
+            if pid_n == 0:
+                tl.store(res_out_ptr + x_row + kk[None, :], h_stored, mask=x_mask)
+            normed = (h_stored.to(tl.float32) * inv_rms[:, None]).to(x_ptr.dtype.element_ty)
+            nw = tl.load(norm_w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
+            a = (normed.to(tl.float32) * nw[None, :]).to(w_ptr.dtype.element_ty)
         else:
             a = tl.load(x_ptr + x_row + kk[None, :], mask=x_mask, other=0.0)
         if UPCAST:
@@ -171,9 +220,11 @@ def skinny_gemm(
     config: SkinnyConfig | None = None,
     workspace: SkinnyWorkspace | None = None,
     pdl: bool = False,
+    norm: NormPrologue | None = None,
 ) -> torch.Tensor:
     """x (M, K) @ w (N, K).T -> (M, N) in x.dtype, M <= 16; with swiglu, x is (M, 2K) [gate | up] and the
-    product is (silu(gate) * up) @ w.T. Split-K configs need a workspace (one is allocated if none).
+    product is (silu(gate) * up) @ w.T; with norm, the product is rmsnorm(x + residual) @ w.T and
+    norm.residual_out receives x + residual. Split-K configs need a workspace (one is allocated if none).
     pdl: launch as a programmatic dependent of the previous kernel, prefetching weights meanwhile."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor("w", w, ndim=2, dtypes=(x.dtype,), device=x.device)
@@ -188,6 +239,14 @@ def skinny_gemm(
         raise ValueError(f"w must be non-empty, got shape {tuple(w.shape)}")
     out = check_out(out, (m, n), x.dtype, x.device)
     check_pdl(pdl, x.device)
+    if norm is not None:
+        if swiglu:
+            raise ValueError("a norm prologue and swiglu exclude each other")
+        for name in ("residual", "residual_out"):
+            check_tensor(name, getattr(norm, name), shape=(m, k), dtypes=(x.dtype,), device=x.device)
+        check_tensor("norm weight", norm.weight, shape=(k,), dtypes=FLOAT_DTYPES, device=x.device)
+        if norm.residual_out.data_ptr() == norm.residual.data_ptr():
+            raise ValueError("residual_out must not be the residual: other programs still read it")
     cfg = config or default_config(m, n, k, x.device)
     for name in ("block_n", "block_k"):
         size = getattr(cfg, name)
@@ -212,6 +271,7 @@ def skinny_gemm(
         out,
         part,
         counts,
+        *((norm.residual, norm.weight, norm.residual_out, norm.eps) if norm else (x, x, x, 0.0)),
         m,
         n,
         k,
@@ -221,6 +281,8 @@ def skinny_gemm(
         BLOCK_K=cfg.block_k,
         SPLIT_K=split,
         SWIGLU=swiglu,
+        NORM=norm is not None,
+        BLOCK_KF=triton.next_power_of_2(k) if norm else 16,
         EVEN_K=split * k_per_split == k,
         UPCAST=dot_operands_fp32(x.dtype),
         PRECISION=dot_precision(x.dtype),

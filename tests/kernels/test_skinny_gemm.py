@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lsp_dscoder.kernels.rms_norm import rms_norm_ref
 from lsp_dscoder.kernels.skinny_gemm import (
     MAX_M,
+    NormPrologue,
     SkinnyConfig,
     SkinnyWorkspace,
     skinny_gemm,
@@ -57,6 +59,46 @@ def test_matches_reference(
     else:
         torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
     assert workspace.counts.count_nonzero().item() == 0  # left as found, for the next graph replay
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("m", "n", "k", "config"), SHAPES)
+def test_norm_prologue_matches_rms_norm_then_gemm(
+    dtype: torch.dtype, m: int, n: int, k: int, config: SkinnyConfig
+) -> None:
+    """rmsnorm(x + residual) @ w.T and the new residual, against rms_norm_ref then skinny_gemm_ref."""
+    x, residual = torch.randn(m, k).to(dtype), torch.randn(m, k).to(dtype)
+    weight, w = (1 + 0.1 * torch.randn(k)).to(dtype), torch.randn(n, k).to(dtype)
+    residual_out = torch.full_like(x, float("nan"))  # every element must be written
+    norm = NormPrologue(residual, weight, 1e-6, residual_out)
+    residual_before = residual.clone()
+
+    got = skinny_gemm(x, w, config=config, norm=norm, workspace=SkinnyWorkspace.allocate(n, 8, x.device))
+
+    new_residual = residual.clone()
+    a = rms_norm_ref(x, weight, 1e-6, residual=new_residual)
+    want = skinny_gemm_ref(a, w)
+    atol, rtol = TOL[dtype]
+    if dtype == torch.float32:
+        torch.testing.assert_close(residual_out, new_residual, atol=1e-6, rtol=0)
+        torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+    else:  # three roundings of each operand (sum, normalised, weighted), each one ulp on the interpreter
+        torch.testing.assert_close(residual_out, new_residual, atol=0, rtol=2**-7)
+        bound = atol + rtol * want.float().abs() + 3 * OPERAND_ULP * (a.float().abs() @ w.float().abs().T)
+        assert torch.isfinite(got).all()
+        assert ((got.float() - want.float()).abs() <= bound).all()
+    assert torch.equal(residual, residual_before)  # other programs read it: never written
+
+
+def test_norm_prologue_contract() -> None:
+    x, w = torch.randn(2, 32), torch.randn(16, 32)
+    residual = torch.randn(2, 32)
+    with pytest.raises(ValueError, match="residual_out must not be the residual"):
+        skinny_gemm(x, w, norm=NormPrologue(residual, torch.ones(32), 1e-6, residual))
+    with pytest.raises(ValueError, match="exclude each other"):
+        skinny_gemm(torch.randn(2, 64), w, swiglu=True, norm=NormPrologue(residual, torch.ones(32), 1e-6, x))
+    with pytest.raises(ValueError, match="norm weight"):
+        skinny_gemm(x, w, norm=NormPrologue(residual, torch.ones(31), 1e-6, torch.empty(2, 32)))
 
 
 def test_repeated_split_launches_share_one_workspace() -> None:

@@ -1,0 +1,60 @@
+"""The fast path with the residual add + RMSNorm in the skinny GEMM's prologue gives the reference path's
+logits, step after step (Triton interpreter, CPU, float32, on a tiny random checkpoint). Decode attention's
+fused combine needs splits, which the interpreter does not take: tests/kernels/test_decode_attention.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lsp_dscoder.engine import fast as fast_module
+from lsp_dscoder.engine.config import ModelConfig
+from lsp_dscoder.engine.factory import ReferenceRunner
+from lsp_dscoder.engine.fast import FastRunner
+from lsp_dscoder.engine.kv_cache import KVCache
+from lsp_dscoder.engine.model import Transformer
+from lsp_dscoder.engine.weights import load_weights
+from tests.tiny import cached_checkpoint
+
+# As tests/engine/test_fast_path.py: fp32 end to end, sums in another order than PyTorch's (~1e-6 seen).
+ATOL = 1e-4
+
+
+@pytest.mark.slow
+def test_fused_norm_steps_match_reference(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = cached_checkpoint(
+        tmp_path_factory.mktemp("fused"),
+        "fused",
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        num_hidden_layers=3,
+    )
+    cfg = ModelConfig.from_file(folder / "config.json")
+    cpu = torch.device("cpu")
+    cache = KVCache(cfg, 2, 64, cpu, torch.float32, pad=8)
+    model = Transformer(cfg, load_weights(folder, cfg, cpu, torch.float32), cache.capacity)
+    norms: list[int] = []
+    real_rms_norm = fast_module.rms_norm
+
+    def counted_rms_norm(*args: object, **kwargs: object) -> torch.Tensor:
+        norms.append(1)
+        return real_rms_norm(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(fast_module, "rms_norm", counted_rms_norm)
+    fast = FastRunner(model, cache, graphs=False, gemm="skinny", fused_norm=True)
+    ref = ReferenceRunner(model, cache)
+    ids = torch.randint(0, cfg.vocab_size, (14,), generator=torch.Generator().manual_seed(2))
+    # slot 0 fast, slot 1 reference: a 9-token prefill, 3 more over it, two decode steps
+    for a, b in ((0, 9), (9, 12)):
+        torch.testing.assert_close(
+            fast.prefill(ids[a:b], a, 0), ref.prefill(ids[a:b], a, 1), atol=ATOL, rtol=0
+        )
+    for pos in (12, 13):
+        got, want = fast.decode(int(ids[pos]), pos, 0), ref.decode(int(ids[pos]), pos, 1)
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+    # Per step, only the first layer's norm (no residual yet) and the final norm run as their own kernel.
+    assert len(norms) == 4 * 2
