@@ -135,14 +135,22 @@ def bench_model(
 ) -> dict[str, Any]:
     """The scenario table of one model. `memory`: bytes already measured (weights), to which the engine's
     pieces and the peak are added."""
+    started = time.perf_counter()
+
+    def progress(what: str) -> None:  # on stderr: the tables stay on stdout
+        print(f"[{label}] {what} at {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+
     floors = measure_floors()
     torch.cuda.reset_peak_memory_stats()
     built, pieces = start_engine_measured(cfg, weights, max_context=8192 + 64)
+    progress(f"warm-up done ({built.warmup_s:.1f} s)")
     result: dict[str, Any] = {"model": label, "floors": floors, "warmup_s": built.warmup_s, "rows": []}
     result["parity_rel_l2"] = parity(built, hf, cfg)
+    progress("parity done")
     for name, (new, prefix) in SCENARIOS.items():
         row = measure(built.runner, hf, cfg, new, prefix, reps, floors)
         result["rows"].append({"scenario": name, **row})
+        progress(f"{name}: ours {row['ours_ms']:.3f} ms, transformers {row['transformers_ms']} ms")
     result["memory_bytes"] = {**(memory or {}), **pieces, "peak": torch.cuda.max_memory_allocated()}
     return result
 
@@ -157,7 +165,9 @@ def run_engine(args: Any) -> int:
     results = []
     for shape in (args.shapes or "1.3b,6.7b").split(","):
         release()
+        started = time.perf_counter()
         built = build_shape(shape, with_hf)
+        print(f"[{shape}] built in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
         memory = {"weights": built.weight_bytes, "transformers_twin": built.twin_bytes}
         label = f"DeepSeek-Coder {shape} shape, random weights"
         r = bench_model(label, built.cfg, built.weights, built.hf, args.reps, memory)

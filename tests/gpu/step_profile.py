@@ -1,12 +1,14 @@
 """Where one decode step's GPU time goes: every kernel of the captured graph timed by the profiler (CUPTI),
 per position within a layer against that kernel's own byte floor, and the gaps between kernels.
 
-    python -m tests.gpu.step_profile [--shapes 1.3b,6.7b] [--ctx 4096] [--out DIR]
+    python -m tests.gpu.step_profile [--shapes 1.3b,6.7b] [--ctx 4096] [--tokens 1] [--variants ...]
 
 Random weights of the DeepSeek-Coder shape (bf16), the fast path as `lsp-dscoder bench` builds it, one KV
-slot filled by a `ctx`-token prefill, then the decode graph (bucket 1) replayed: its time by CUDA events
-(median of 30), then 5 replays under the profiler. "gaps" = replay span - sum of kernel times: the time the
-GPU spends between kernels of the graph. Floors: bytes the kernel must move / the measured copy rate.
+slot filled by a `ctx`-token prefill, then the step's graph (bucket `tokens`, 1: decode) replayed: its
+time by CUDA events (median of 30), then 5 replays under the profiler. "gaps" = replay span - sum of
+kernel times: the time the GPU spends between kernels of the graph. Floors: bytes the kernel must move /
+the measured copy rate. Variants (FastRunner options) run on the same weights and prompt; their logits
+are compared with the first variant's.
 """
 
 from __future__ import annotations
@@ -59,16 +61,26 @@ def layer_windows(ks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return [ks[a:b] for a, b in zip(starts, [*starts[1:], len(ks)], strict=True)]
 
 
-VARIANTS: dict[str, dict[str, Any]] = {"default": {}, "fused combine": {"fused_combine": True}}
+# FastRunner options; only the profiled bucket is captured.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "fused combine": {"fused_combine": True},
+    "skinny": {"gemm": "skinny"},
+    "skinny+norm": {"gemm": "skinny", "fused_norm": True},
+    "all fused": {"gemm": "skinny", "fused_norm": True, "fused_combine": True},
+    "all fused+PDL": {"gemm": "skinny", "fused_norm": True, "fused_combine": True, "pdl": True},
+}
 
 
-def profile_shape(shape: str, ctx: int, variants: list[str], out: Path | None) -> list[dict[str, Any]]:
+def profile_shape(
+    shape: str, ctx: int, tokens: int, variants: list[str], out: Path | None
+) -> list[dict[str, Any]]:
     copy_bps, _ = measure_floors(torch.device("cuda"))
     built = build_shape(shape, with_hf=False)
     results: list[dict[str, Any]] = []
     first: torch.Tensor | None = None
     for name in variants:
-        r = profile_variant(built.cfg, built.weights, ctx, VARIANTS[name], copy_bps)
+        r = profile_variant(built.cfg, built.weights, ctx, tokens, VARIANTS[name], copy_bps)
         logits = r.pop("logits")
         if first is None:
             first = logits
@@ -76,7 +88,7 @@ def profile_shape(shape: str, ctx: int, variants: list[str], out: Path | None) -
             r["logits_rel_l2_vs_first"] = float((logits - first).norm() / first.norm())
         results.append({"shape": shape, "variant": name, **r})
         if out:
-            path = out / f"profile_{shape}_{name.replace(' ', '_')}.json"
+            path = out / f"profile_{shape}_T{tokens}_{name.replace(' ', '_')}.json"
             path.write_text(json.dumps(results[-1], indent=1))
     del built, first
     release()
@@ -84,15 +96,17 @@ def profile_shape(shape: str, ctx: int, variants: list[str], out: Path | None) -
 
 
 def profile_variant(
-    cfg: ModelConfig, weights: Any, ctx: int, options: dict[str, Any], copy_bps: float
+    cfg: ModelConfig, weights: Any, ctx: int, tokens: int, options: dict[str, Any], copy_bps: float
 ) -> dict[str, Any]:
-    engine, memory = start_engine_measured(cfg, weights, max_context=max(8192, ctx) + 64, **options)
+    max_context = max(8192, ctx) + 64
+    engine, memory = start_engine_measured(cfg, weights, max_context, buckets=(tokens,), **options)
     runner: Any = engine.runner
     seeded = torch.Generator("cuda").manual_seed(0)
-    ids = torch.randint(2, cfg.vocab_size, (ctx,), device="cuda", generator=seeded)
-    runner.prefill(ids, 0, 0)
-    logits = runner.decode(int(ids[-1]), ctx, 0)  # also sets the graph's position inputs
-    graph, _ = runner.graphs[(0, 1)]
+    ids = torch.randint(2, cfg.vocab_size, (ctx + tokens,), device="cuda", generator=seeded)
+    runner.prefill(ids[:ctx], 0, 0)
+    # One replay of the step's graph, which also sets its position inputs for the replays below.
+    logits = runner.decode(int(ids[-1]), ctx, 0) if tokens == 1 else runner.prefill(ids[ctx:], ctx, 0)
+    graph, _ = runner.graphs[(0, tokens)]
     times = []
     for _ in range(33):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -114,10 +128,11 @@ def profile_variant(
     per = len(ks) // reps
     result: dict[str, Any] = {
         "ctx": ctx,
+        "tokens": tokens,
         "copy_tbps": copy_bps / 1e12,
         "graph_us": graph_us,
         "kernels_per_step": per,
-        "chosen_gemm": runner.chosen.get(1),
+        "chosen_gemm": runner.chosen.get(tokens),
         "memory": memory,
         "logits": logits,  # compared across variants, then dropped
     }
@@ -126,7 +141,7 @@ def profile_variant(
         result["error"] = "the profiler saw no kernels in the graph replays: kernels of eager forwards"
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(reps):
-                runner.forward(runner.ids[:1], runner.start, runner.last, 0)
+                runner.forward(runner.ids[:tokens], runner.start, runner.last, 0)
             torch.cuda.synchronize()
         with tempfile.TemporaryDirectory() as tmp:
             trace = Path(tmp) / "trace.json"
@@ -180,7 +195,8 @@ def analyse(ks: list[dict[str, Any]], reps: int, floors: dict[str, float], copy_
 
 def report(r: dict[str, Any]) -> None:
     print(
-        f"\n## {r['shape']} ({r['variant']}) decode @{r['ctx']}: graph {r['graph_us']:.1f} us (events), "
+        f"\n## {r['shape']} ({r['variant']}) {r['tokens']} token(s) @{r['ctx']}: "
+        f"graph {r['graph_us']:.1f} us (events), "
         f"{r['kernels_per_step']} kernels, GEMM {r['chosen_gemm']}, copy {r['copy_tbps']:.2f} TB/s"
     )
     if "error" in r:
@@ -205,18 +221,19 @@ def report(r: dict[str, Any]) -> None:
     total_floor = sum(row["floor_us"] for row in r["layer"])
     print(f"layer: kernels {total:.1f} us, floor {total_floor:.1f} us; memory {r['memory']}")
     if "logits_rel_l2_vs_first" in r:
-        print(f"decode logits vs the first variant: rel. L2 {r['logits_rel_l2_vs_first']:.2e}")
+        print(f"step logits vs the first variant: rel. L2 {r['logits_rel_l2_vs_first']:.2e}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1.3b,6.7b")
     ap.add_argument("--ctx", type=int, default=4096)
-    ap.add_argument("--variants", default="default,fused combine", help=f"of {', '.join(VARIANTS)}")
+    ap.add_argument("--tokens", type=int, default=1, help="tokens of the step (1: decode)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     for shape in args.shapes.split(","):
-        for r in profile_shape(shape, args.ctx, args.variants.split(","), args.out):
+        for r in profile_shape(shape, args.ctx, args.tokens, args.variants.split(","), args.out):
             report(r)
 
 
