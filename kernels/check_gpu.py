@@ -32,6 +32,7 @@ from .rms_norm import rms_norm, rms_norm_ref
 from .rope_store import rope_cos_sin, rope_store, rope_store_ref
 from .shapes import MODELS, Model
 from .silu_mul import silu_mul, silu_mul_ref
+from .skinny_gemm import NormPrologue, SkinnyWorkspace, skinny_gemm
 
 Call = Callable[[], object]
 # make() -> (launch, verify): verify compares what the first launch wrote with the reference.
@@ -117,6 +118,49 @@ def attn_case(
             lambda: ea.extend_attention(q, k, v, pos, scale, out=out, num_splits=splits),
             lambda: rel_err(out, ea.extend_attention_ref(q, k, v, pos, scale)),
         )
+
+    return make
+
+
+def fused_decode_case(m: Model, kv_len: int, max_ctx: int, dev: torch.device) -> Make:
+    """Decode attention merging its own splits (arrival counters), as the fast path may run it."""
+
+    def make() -> tuple[Call, Callable[[], float]]:
+        q = randn(1, m.heads, m.head_dim, dev=dev)
+        k, v = kv_cache(m, max_ctx, dev)
+        pos, out, scale = torch.tensor([kv_len], device=dev), torch.empty_like(q), m.head_dim**-0.5
+        counts = torch.zeros(m.kv_heads, dtype=torch.int32, device=dev)
+        return (
+            lambda: da.decode_attention(q, k, v, pos, scale, out=out, counts=counts),
+            lambda: rel_err(out, da.decode_attention_ref(q, k, v, pos, scale)),
+        )
+
+    return make
+
+
+def norm_gemm_case(m: Model, n_tok: int, n_out: int, dev: torch.device) -> Make:
+    """Residual add + RMSNorm in the skinny GEMM's prologue (QKV or gate/up of a small step)."""
+
+    def make() -> tuple[Call, Callable[[], float]]:
+        x, res, w = (
+            randn(n_tok, m.hidden, dev=dev),
+            randn(n_tok, m.hidden, dev=dev),
+            randn(n_out, m.hidden, dev=dev),
+        )
+        scale = (1 + 0.1 * torch.randn(m.hidden, device=dev)).to(torch.bfloat16)  # a trained norm's spread
+        norm = NormPrologue(res, scale, 1e-6, torch.empty_like(res))
+        out = torch.empty(n_tok, n_out, device=dev, dtype=torch.bfloat16)
+        workspace = SkinnyWorkspace.allocate(n_out, 8, dev)
+
+        def verify() -> float:
+            # Against the two kernels it replaces (each checked against its reference in this table): the
+            # same roundings, so the interpreter's truncation cancels out too.
+            a = rms_norm(x, norm.weight, 1e-6, residual=res.clone())
+            return max(
+                rel_err(out, skinny_gemm(a, w, workspace=workspace)), rel_err(norm.residual_out, x + res)
+            )
+
+        return lambda: skinny_gemm(x, w, out=out, workspace=workspace, norm=norm), verify
 
     return make
 
@@ -254,8 +298,8 @@ def main() -> None:
         )
     bw, rate = measure_floors(dev)
     log(f"floors: copy {bw / 1e12:.2f} TB/s (read+write), bf16 matmul {rate / 1e12:.0f} TFLOP/s")
-    header = ("op", "model", "shape", "us", "floor", "x", "bound", "rel err")
-    log("{:8s} {:5s} {:22s} {:>9s} {:>8s} {:>5s} {:5s} {:>8s}".format(*header))
+    header = ("op", "model", "shape", "us", "floor", "x", "bound", "rel err", "copy%")
+    log("{:8s} {:5s} {:22s} {:>9s} {:>8s} {:>5s} {:5s} {:>8s} {:>6s}".format(*header))
     failures = 0
 
     def run(op: str, m: Model, shape: str, make: Make, io: float, flops: float) -> None:
@@ -272,7 +316,8 @@ def main() -> None:
         failures += not ok
         log(
             f"{op:8s} {m.name:5s} {shape:22s} {us:9.1f} {floor:8.1f} {us / floor:5.1f} "
-            f"{'mem' if floor_io >= floor_fl else 'math':5s} {err:8.1e}{'' if ok else '  WRONG'}"
+            f"{'mem' if floor_io >= floor_fl else 'math':5s} {err:8.1e} {100 * floor_io / us:6.0f}"
+            f"{'' if ok else '  WRONG'}"
         )
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -308,6 +353,19 @@ def main() -> None:
                 attn_case(m, 1, kv_len - 1, max_ctx, dev, True),
                 *attn_cost(m, 1, kv_len - 1),
             )
+            cost = attn_cost(m, 1, kv_len - 1)
+            run("decode+", m, f"L={kv_len} own combine", fused_decode_case(m, kv_len, max_ctx, dev), *cost)
+        for t in tokens[:2]:  # the skinny steps: decode and a keystroke
+            for name, n_out in (("qkv", qkv_w), ("gate_up", 2 * m.inter)):
+                io = 2 * (n_out * m.hidden + t * (3 * m.hidden + n_out))
+                run(
+                    "normgemm",
+                    m,
+                    f"{name} T={t}",
+                    norm_gemm_case(m, t, n_out, dev),
+                    io,
+                    2.0 * t * n_out * m.hidden,
+                )
     for m in models:
         try:
             failures += graph_replay_checks(m, max_ctx, dev, log) >= 1e-2
