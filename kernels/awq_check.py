@@ -73,32 +73,33 @@ def graph_us(fn: Callable[[int], object], copies: int) -> float:
     return statistics.median(times[2:])
 
 
-def split_for(blocks: int, k: int, group: int, per_sm: int) -> int:
+def split_for(blocks: int, parts: int, per_sm: int, cap: int = 32) -> int:
+    """K shares giving about per_sm programs per SM, at most `parts` (groups, or parts of groups)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return max(1, min(32, k // group, triton.cdiv(per_sm * sms, blocks)))
+    return max(1, min(cap, parts, triton.cdiv(per_sm * sms, blocks)))
 
 
 def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
     """The sweep at one shape: None (the launcher's default) first, then tiles to compare with it."""
     yield None
     if m == 1:
-        for warps in (1, 2, 4):
-            for per_sm in (2, 8):
-                yield GemvTiles(8, split_for(triton.cdiv(n // 8, 128 * warps), k, group, per_sm), warps)
-        yield GemvTiles(16, split_for(triton.cdiv(n // 8, 256), k, group, 4), 2)
-    for bn, bk, warps, stages in ((128, 64, 4, 3), (128, 128, 4, 3), (256, 64, 8, 3), (128, 32, 4, 4),
-                                  (256, 128, 8, 2)):  # fmt: skip
+        for bk, warps, sub, stages, per_sm in ((8, 1, 2, 1, 8), (8, 1, 4, 1, 16), (8, 2, 2, 1, 4),
+                                               (8, 1, 2, 3, 8), (16, 1, 2, 1, 8), (8, 4, 1, 1, 2),
+                                               (8, 1, 1, 1, 4)):  # fmt: skip
+            blocks = triton.cdiv(n // 8, 128 * warps)
+            yield GemvTiles(bk, split_for(blocks, sub * k // group, per_sm, 512), warps, sub, stages)
+    for bn, bk, warps, stages in ((256, 64, 4, 3), (256, 128, 4, 2), (256, 32, 4, 4), (512, 64, 8, 3),
+                                  (128, 64, 2, 3)):  # fmt: skip
         for per_sm in (2, 4):
-            yield AwqTiles(
-                16, bn, min(bk, group), split_for(triton.cdiv(n, bn), k, group, per_sm), warps, stages
-            )
+            split = split_for(triton.cdiv(n, bn), k // group, per_sm)
+            yield AwqTiles(16, bn, min(bk, group), split, warps, stages)
 
 
 def name_of(t: Tiles) -> str:
     if t is None:
         return "default"
     if isinstance(t, GemvTiles):
-        return f"gemv k{t.block_k}/s{t.split_k}/w{t.num_warps}"
+        return f"gemv k{t.block_k}/s{t.split_k}/w{t.num_warps}/sub{t.sub}/st{t.num_stages}"
     return f"tc n{t.block_n}/k{t.block_k}/s{t.split_k}/w{t.num_warps}/st{t.num_stages}"
 
 
@@ -149,7 +150,7 @@ def prefill_rows(model: str, mat: str, n: int, k: int, group: int) -> None:
         row = [model, mat, str(m)]
         for name, fn in (
             ("tc", lambda x=x: awq_gemm(x, *packed)),
-            ("tc128", lambda x=x: awq_gemm(x, *packed, tiles=AwqTiles(128, 128, 64, 1, 8, 3))),
+            ("tc128", lambda x=x: awq_gemm(x, *packed, tiles=AwqTiles(128, 256, 64, 1, 8, 3))),
             ("dequant+cublas", lambda x=x: x @ awq_dequant(*packed, out=buf)),
             ("bf16 cublas", lambda x=x: x @ dense_t),
         ):
@@ -192,7 +193,7 @@ def _warm(args: tuple[list[str], list[str], int, int, int]) -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", nargs="+", default=["1.3B", "6.7B", "33B"])
+    ap.add_argument("--models", nargs="*", default=["1.3B", "6.7B", "33B"])
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--sweep", nargs="*", default=[], help="models whose shapes also time the tile variants")
     ap.add_argument("--prefill", nargs="*", default=[], help="models whose prefill GEMMs are timed")
@@ -211,7 +212,7 @@ def main() -> None:
         for mat, n, k in layer_shapes(model):
             skinny_rows(model, mat, n, k, args.group, copy, model in args.sweep)
     if args.prefill:
-        print("\n| model | matrix | M | awq_gemm 64x128 | awq_gemm 128x128 | dequant+cuBLAS | bf16 cuBLAS |")
+        print("\n| model | matrix | M | awq_gemm 64x256 | awq_gemm 128x256 | dequant+cuBLAS | bf16 cuBLAS |")
         print("| --- " * 7 + "|", flush=True)
     for model in args.prefill:
         for mat, n, k in layer_shapes(model):

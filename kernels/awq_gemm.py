@@ -23,13 +23,23 @@ import triton
 import triton.language as tl
 
 from .awq_format import PACK, dequantize
-from .awq_gemv import GEMV_MAX_M, GemvTiles, finish, gemv_tiles, group_term, launch_gemv, nibble_unit
+from .awq_gemv import (
+    GEMV_MAX_M,
+    MAX_SPLIT,
+    GemvTiles,
+    finish,
+    gemv_tiles,
+    group_term,
+    launch_gemv,
+    nibble_unit,
+)
 from .contract import FLOAT_DTYPES, check_out, check_tensor, interpreting
 from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 from .skinny_gemm import MAX_M, SkinnyWorkspace
 from .split_kv import dot_operands_fp32, dot_precision
 
-MAX_SPLIT = 32  # K shares of a skinny launch; the workspace holds MAX_SPLIT partials of (MAX_M, N)
+__all__ = ["MAX_SPLIT", "AwqTiles", "awq_gemm", "awq_gemm_ref", "awq_skinny", "check_awq"]
+
 KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the dot operands' dtype, for the kernel
 
 
@@ -142,20 +152,21 @@ def _awq_kernel(
 
 
 def skinny_tiles(m: int, n: int, k: int, group: int, device: torch.device) -> AwqTiles:
-    """Tiles for 3 <= M <= 16: 128-column blocks, whole groups per K share, about four programs per SM."""
+    """Tiles for 2 <= M <= 16: 256-column blocks (32 words: four warps of one 8-column MMA each, so no
+    warp repeats another's work), whole groups per K share, about four programs per SM."""
     if interpreting() or device.type != "cuda":
         return AwqTiles(16, 32, min(32, group), 1, 4, 1)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    blocks = triton.cdiv(n, 128)
+    blocks = triton.cdiv(n, 256)
     split = max(1, min(MAX_SPLIT, triton.cdiv(4 * sms, blocks), k // group))
-    return AwqTiles(16, 128, min(group, 64), split, 4, 3)
+    return AwqTiles(16, 256, min(group, 64), split, 4, 3)
 
 
 def gemm_tiles(m: int, n: int, k: int, group: int, device: torch.device) -> AwqTiles:
-    """Tiles for a prefill: 64 x 128 output tiles on the tensor cores, 64-deep K."""
+    """Tiles for a prefill: 64 x 256 output tiles on the tensor cores, 64-deep K."""
     if interpreting() or device.type != "cuda":
         return AwqTiles(32, 32, min(32, group), 1, 4, 1)
-    return AwqTiles(64, 128, min(group, 64), 1, 4, 3)
+    return AwqTiles(64, 256, min(group, 64), 1, 4, 3)
 
 
 def check_awq(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> int:

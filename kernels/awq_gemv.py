@@ -32,15 +32,21 @@ from .pdl import launch_options, pdl_release, pdl_wait
 from .skinny_gemm import SkinnyWorkspace
 
 GEMV_MAX_M = 1  # a second row of x doubles the FMAs per weight: the tensor cores take M >= 2
+MAX_SPLIT = 32  # K shares of a tensor-core launch: a workspace holds MAX_SPLIT partials of (16, N), so
+# of one row, 16 * MAX_SPLIT: the CUDA-core kernel's limit
 
 
 @dataclass(frozen=True)
 class GemvTiles:
-    """block_k rows of K per load; split_k shares of the groups; num_warps sets BLOCK_W = 128 * num_warps."""
+    """block_k rows of K per load; split_k shares of K in parts of groups (`sub` parts a group: the group
+    formula is linear in D and X, so parts of a group sum to it); num_warps sets BLOCK_W = 128 * num_warps;
+    num_stages > 1 lets Triton prefetch later tiles through shared memory."""
 
-    block_k: int = 16
+    block_k: int = 8
     split_k: int = 1
-    num_warps: int = 4
+    num_warps: int = 1
+    sub: int = 1
+    num_stages: int = 1
 
 
 @triton.jit
@@ -119,9 +125,10 @@ def _gemv_kernel(
     count_ptr,  # (column blocks,) int32, zero between launches, when SPLIT_K > 1
     N,
     words,  # N / 8, the row stride of qweight: passed so that Triton sees it divisible by 16 (16-byte loads)
-    groups,
+    groups,  # parts of groups: K / (GROUP / SUB)
     groups_per_split,
     GROUP: tl.constexpr,
+    SUB: tl.constexpr,
     BLOCK_W: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
@@ -154,8 +161,8 @@ def _gemv_kernel(
         d6 = tl.zeros((BLOCK_W,), tl.float32)
         d7 = tl.zeros((BLOCK_W,), tl.float32)
         xs = 0.0
-        for kt in range(0, GROUP, BLOCK_K):
-            kk = g * GROUP + kt + rk
+        for kt in range(0, GROUP // SUB, BLOCK_K):
+            kk = g * (GROUP // SUB) + kt + rk
             w = tl.load(qw_ptr + kk.to(tl.int64)[:, None] * words + rw[None, :], mask=w_ok[None, :], other=0)
             x = tl.load(x_ptr + kk).to(tl.float32)  # (BLOCK_K,)
             xs += tl.sum(x, axis=0)
@@ -167,8 +174,8 @@ def _gemv_kernel(
             d5 += _dot1(x, w, 5)
             d6 += _dot1(x, w, 6)
             d7 += _dot1(x, w, 7)
-        zw = tl.load(qz_ptr + g * words + rw, mask=w_ok, other=0)  # (BLOCK_W,)
-        srow = s_ptr + g * N + rw * 8  # scales of the words' first columns
+        zw = tl.load(qz_ptr + (g // SUB) * words + rw, mask=w_ok, other=0)  # (BLOCK_W,)
+        srow = s_ptr + (g // SUB) * N + rw * 8  # scales of the words' first columns
         a0 += _group_term1(d0, xs, zw, srow, w_ok, 0)
         a1 += _group_term1(d1, xs, zw, srow, w_ok, 1)
         a2 += _group_term1(d2, xs, zw, srow, w_ok, 2)
@@ -184,14 +191,15 @@ def _gemv_kernel(
 
 
 def gemv_tiles(n: int, k: int, group: int, device: torch.device) -> GemvTiles:
-    """Enough programs for every SM to hold several: column blocks times group shares >= 4 per SM."""
+    """One warp per program, K shares (of halves of groups if need be) until about eight programs per SM:
+    each holds a few KB of loads in flight, and an SM needs tens of KB to stream at full rate."""
     if device.type != "cuda":
         return GemvTiles(block_k=16, split_k=1, num_warps=1)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    warps = 4 if n // PACK >= 4 * 512 else 2 if n // PACK >= 1024 else 1
-    blocks = triton.cdiv(n // PACK, 128 * warps)
-    split = max(1, min(k // group, triton.cdiv(4 * sms, blocks)))
-    return GemvTiles(block_k=16, split_k=split, num_warps=warps)
+    blocks = triton.cdiv(n // PACK, 128)
+    sub = 2 if blocks * (k // group) < 8 * sms else 1
+    split = max(1, min(16 * MAX_SPLIT, sub * k // group, triton.cdiv(8 * sms, blocks)))
+    return GemvTiles(block_k=8, split_k=split, num_warps=1, sub=sub)
 
 
 def launch_gemv(
@@ -208,11 +216,14 @@ def launch_gemv(
     """One launch, arguments already checked by the caller (kernels/awq_gemm.py's awq_skinny)."""
     m, k = x.shape
     n = scales.shape[1]
-    words, groups = qweight.shape[1], k // group
+    words, groups = qweight.shape[1], k // group * tiles.sub
     if m != 1:
         raise ValueError(f"the CUDA-core kernel takes one row of x, got {m} (GemvTiles are for M = 1)")
-    if tiles.block_k < 1 or group % tiles.block_k or tiles.block_k & (tiles.block_k - 1):
-        raise ValueError(f"block_k {tiles.block_k} must be a power of two dividing the group size {group}")
+    part = group // max(1, tiles.sub)
+    if tiles.sub < 1 or group % tiles.sub or part % tiles.block_k or tiles.block_k & (tiles.block_k - 1):
+        raise ValueError(
+            f"block_k {tiles.block_k} must be a power of two dividing group {group} / sub {tiles.sub}"
+        )
     block_w = 128 * tiles.num_warps
     per_split = triton.cdiv(groups, max(1, tiles.split_k))
     split = triton.cdiv(groups, per_split)  # shares that hold any group at all
@@ -226,7 +237,7 @@ def launch_gemv(
         part, counts = workspace.partials, workspace.counts
     _gemv_kernel[(blocks, split)](
         x, qweight, qzeros, scales, out, part, counts, n, words, groups, per_split,
-        GROUP=group, BLOCK_W=block_w, BLOCK_K=tiles.block_k,
-        SPLIT_K=split, PDL=pdl, num_warps=tiles.num_warps, num_stages=1, **launch_options(pdl),
+        GROUP=group, SUB=tiles.sub, BLOCK_W=block_w, BLOCK_K=tiles.block_k, SPLIT_K=split, PDL=pdl,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **launch_options(pdl),
     )  # fmt: skip
     return out

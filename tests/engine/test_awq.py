@@ -234,7 +234,10 @@ def test_fast_path_on_packed_weights_matches_reference(quantized: dict[str, Path
         fast.prefill(ids, 0, 0), ref.forward_reference(ids, 0, cache, 1), atol=1e-4, rtol=0
     )
     step = ref.forward_reference(torch.tensor([9]), 17, cache, 1)
-    torch.testing.assert_close(fast.decode(9, 17, 0), step, atol=1e-4, rtol=0)
+    torch.testing.assert_close(fast.decode(9, 17, 0), step, atol=1e-4, rtol=0)  # the CUDA-core kernel
+    keys = torch.tensor([3, 4, 5, 6, 7])  # a keystroke's few tokens: the tensor-core kernel
+    want = ref.forward_reference(keys, 18, cache, 1)
+    torch.testing.assert_close(fast.prefill(keys, 18, 0), want, atol=1e-4, rtol=0)
 
 
 def test_shapes_and_sharding_checked(quantized: dict[str, Path], tmp_path: Path) -> None:

@@ -32,6 +32,8 @@ SKINNY = [
     (1, 24, 384, 128, GemvTiles(32, 2, 1)),  # shares of 2 and 1 groups
     (1, 1032, 224, 32, GemvTiles(16, 3, 1)),  # 129 words: two column blocks, the last of one word
     (1, 8, 96, 32, GemvTiles(32, 16, 1)),  # 16 asked, 3 shares hold any group
+    (1, 40, 192, 64, GemvTiles(8, 5, 1, sub=4)),  # quarters of groups: 5 asked, 4 shares of 3 parts
+    (1, 16, 256, 128, GemvTiles(16, 3, 1, sub=2)),  # a share ends in the middle of a group
 ]
 GEMM = [
     (37, 40, 64, 32, AwqTiles(16, 32, 32, 1, 4, 1)),  # three M blocks, the last of 5 rows
