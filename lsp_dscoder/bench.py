@@ -58,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-startup", action="store_true", help="skip the cold/second start measurement")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--startup-probe", help=argparse.SUPPRESS)
+    p.add_argument("--quant", choices=["none", "awq"], default="none", help="awq: INT4 AWQ next to bf16")
+    p.add_argument("--group-size", type=int, default=128, help="--quant awq: quantization group size")
     p.add_argument("--backend", choices=["local", "remote"], default="local", help="remote: see --endpoint")
     p.add_argument("--endpoint", help="remote: OpenAI-compatible server (default: start llama.cpp's)")
     p.add_argument("--remote-model", help="remote: the served model's name")
@@ -143,6 +145,13 @@ def run(args: argparse.Namespace) -> int:
             "lsp-dscoder: error: bench needs a CUDA GPU (bench --protocol runs on CPU too)", file=sys.stderr
         )
         return 2
+    if args.quant == "awq":
+        from lsp_dscoder.bench_awq import run_awq
+
+        awq = run_awq(args)
+        if args.json:
+            print(json.dumps({"gpu": torch.cuda.get_device_name(), "results": awq}, indent=2))
+        return 0
     from lsp_dscoder.bench_engine import bench_model, print_table, start_engine, startup_times
 
     if args.startup_probe:
