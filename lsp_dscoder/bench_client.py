@@ -2,10 +2,10 @@
 Content-Length framing (`framing.Framer`), no pygls, no pytest-lsp, so that the time it measures is the
 server's and the pipes', not a client library's.
 
-Every message read is stamped with `time.monotonic()` as soon as its body is in: the clock the server's
-own request records use, so client and server durations are comparable on one machine. The server's
-stderr is read as it comes; each request's log line (`request id=... key=value ...`, see
-`lsp_dscoder/stats.py`) is kept by request id.
+Every message read is stamped with `time.monotonic()` in the callback that receives its bytes (no reader
+task to wake first): the clock the server's own request records use, so client and server durations are
+comparable on one machine. The server's stderr is read as it comes; each request's log line
+(`request id=... key=value ...`, see `lsp_dscoder/stats.py`) is kept by request id.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from lsp_dscoder.framing import Framer
 
@@ -68,41 +68,70 @@ def parse_record(line: str) -> dict[str, Any] | None:
     return record
 
 
+class _Pipes(asyncio.SubprocessProtocol):
+    """Hands the server's output to the client the moment it arrives: a stdout chunk is stamped in the
+    loop's callback, not after a reader task has been woken for it."""
+
+    def __init__(self, client: RpcClient) -> None:
+        self._client = client
+        self._stderr = bytearray()
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        if fd == 1:
+            self._client._stdout(data, time.monotonic())
+            return
+        self._stderr += data
+        *lines, rest = self._stderr.split(b"\n")
+        self._stderr = bytearray(rest)
+        for line in lines:
+            self._client._stderr_line(line.decode(errors="replace").rstrip())
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd == 1:
+            self._client._stdout_closed()
+
+    def process_exited(self) -> None:
+        if not self._client.exit.done():
+            self._client.exit.set_result(None)
+
+
 class RpcClient:
     """One server process over stdio."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
+    def __init__(self) -> None:
+        self.transport: asyncio.SubprocessTransport | None = None
         self.calls: dict[int, Call] = {}
         self.records: dict[Any, dict[str, Any]] = {}  # request id -> the server's log record
         self.unknown: list[dict[str, Any]] = []  # messages for request ids this client never sent
         self.stderr_tail: deque[str] = deque(maxlen=_STDERR_TAIL)
         self.exited = False  # the server closed its stdout
+        self.exit: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._framer = Framer(
+            lambda reason: self.stderr_tail.append(f"(client) bad framing on stdout: {reason}")
+        )
         self._next_id = 0
-        self._tasks = [asyncio.ensure_future(self._read_stdout()), asyncio.ensure_future(self._read_stderr())]
 
     @classmethod
     async def start(cls, argv: list[str]) -> RpcClient:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            limit=1 << 24,  # a stderr line can be long
-        )
-        return cls(proc)
+        client = cls()
+        loop = asyncio.get_running_loop()
+        client.transport, _ = await loop.subprocess_exec(lambda: _Pipes(client), *argv)
+        return client
 
-    def _write(self, message: dict[str, Any]) -> None:
-        body = json.dumps(message, ensure_ascii=False).encode()
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    def _write(self, *messages: dict[str, Any]) -> None:
+        """The messages framed and handed to the pipe in one write (one read for the server, usually)."""
+        data = bytearray()
+        for message in messages:
+            body = json.dumps(message, ensure_ascii=False).encode()
+            data += b"Content-Length: %d\r\n\r\n" % len(body) + body
+        assert self.transport is not None
+        stdin = cast(asyncio.WriteTransport | None, self.transport.get_pipe_transport(0))
+        if stdin is not None and not stdin.is_closing():
+            stdin.write(bytes(data))
 
     async def send(self, *messages: dict[str, Any]) -> float:
         """Write messages back to back; the monotonic time once the pipe has taken them."""
-        for message in messages:
-            self._write({"jsonrpc": "2.0", **message})
-        assert self.proc.stdin is not None
-        await self.proc.stdin.drain()
+        self._write(*({"jsonrpc": "2.0", **message} for message in messages))
         return time.monotonic()
 
     def request_message(self, method: str, params: Any) -> tuple[int, dict[str, Any]]:
@@ -147,23 +176,19 @@ class RpcClient:
     def _failure(self, what: str) -> RuntimeError:
         return RuntimeError(what + "; server stderr:\n" + "\n".join(self.stderr_tail))
 
-    async def _read_stdout(self) -> None:
-        reader = self.proc.stdout
-        assert reader is not None
-        framer = Framer(lambda reason: self.stderr_tail.append(f"(client) bad framing on stdout: {reason}"))
-        with contextlib.suppress(ConnectionError):
-            while data := await reader.read(1 << 16):
-                read = time.monotonic()
-                for body in framer.feed(data):
-                    await self._dispatch(json.loads(body), read)
+    def _stdout(self, data: bytes, read: float) -> None:
+        for body in self._framer.feed(data):
+            self._dispatch(json.loads(body), read)
+
+    def _stdout_closed(self) -> None:
         self.exited = True
         for c in self.calls.values():  # nothing more will come: wake whoever waits
             c.answered.set()
             c.done.set()
 
-    async def _dispatch(self, message: dict[str, Any], read: float) -> None:
+    def _dispatch(self, message: dict[str, Any], read: float) -> None:
         if "method" in message and "id" in message:  # a request from the server: progress, configuration
-            await self.send({"id": message["id"], "result": None})
+            self._write({"jsonrpc": "2.0", "id": message["id"], "result": None})
             return
         if message.get("method") == PARTIAL:
             params = message["params"]
@@ -183,26 +208,23 @@ class RpcClient:
             c.answered.set()
             c.done.set()
 
-    async def _read_stderr(self) -> None:
-        reader = self.proc.stderr
-        assert reader is not None
-        while line := await reader.readline():
-            text = line.decode(errors="replace").rstrip()
-            self.stderr_tail.append(text)
-            record = parse_record(text)
-            if record is not None and "id" in record:
-                self.records[record["id"]] = record
+    def _stderr_line(self, text: str) -> None:
+        self.stderr_tail.append(text)
+        record = parse_record(text)
+        if record is not None and "id" in record:
+            self.records[record["id"]] = record
 
     async def close(self, timeout: float = 30.0) -> int:
         """shutdown + exit; the exit code (the process is killed if it does not end in time)."""
         with contextlib.suppress(RuntimeError, ConnectionError):
             await self.call("shutdown", None, timeout)
             await self.notify("exit", None)
+        assert self.transport is not None
         try:
-            code = await asyncio.wait_for(self.proc.wait(), timeout)
+            await asyncio.wait_for(asyncio.shield(self.exit), timeout)
         except TimeoutError:
-            self.proc.kill()
-            code = await self.proc.wait()
-        for task in self._tasks:
-            task.cancel()
-        return code
+            self.transport.kill()
+            await self.exit
+        code = self.transport.get_returncode()
+        self.transport.close()
+        return -1 if code is None else code
