@@ -53,7 +53,7 @@ class FastRunner:
     with programmatic dependent launch (sm_90+); None: where the GPU supports it. `fused_combine`: decode
     attention merges its splits in its last program instead of a second kernel. `fused_norm`: on the skinny
     path, the residual add + RMSNorm before QKV and gate/up runs in the GEMM's prologue (two launches a layer
-    fewer)."""
+    fewer); `fused_glu` (with it): the SwiGLU in the gate/up GEMM's epilogue (one more)."""
 
     def __init__(
         self,
@@ -65,6 +65,7 @@ class FastRunner:
         pdl: bool | None = False,
         fused_combine: bool = False,
         fused_norm: bool = False,
+        fused_glu: bool = False,
     ) -> None:
         if gemm not in GEMM_CHOICES:
             raise ValueError(f"gemm must be one of {GEMM_CHOICES}, got {gemm!r}")
@@ -89,6 +90,7 @@ class FastRunner:
         self.chosen: dict[int, str] = {}  # bucket -> "cublas" | "skinny", filled by capture
         self.graph_pool_bytes = 0  # GPU memory of the captured graphs, measured by capture
         self.fused_norm = fused_norm
+        self.fused_glu = fused_glu  # applies with fused_norm
         # Decode attention's arrival counters (one per KV head, zero between launches): with them the last
         # split merges the partials itself, one launch a layer fewer.
         self.attn_counts = (
@@ -124,16 +126,22 @@ class FastRunner:
         norm_w: torch.Tensor,
         w: torch.Tensor,
         packed: AwqLinear | None,
+        glu: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(linear(rmsnorm(residual + x)), the new residual): with `fused_norm`, in the skinny GEMM's prologue
-        (one launch, the new residual in a fresh buffer); else the norm kernel (residual updated in place)."""
+        """(linear(rmsnorm(residual + x)), the new residual); with glu, w is [gate | up] and the first item
+        silu(gate) * up. With `fused_norm`, the norm runs in the skinny GEMM's prologue (the new residual in a
+        fresh buffer) and with `fused_glu` the SwiGLU in its epilogue; else the norm kernel (residual updated
+        in place) and the SwiGLU kernel."""
         eps = self.cfg.rms_norm_eps
         if self.fused_norm and self.skinny and packed is None and x.shape[0] <= MAX_M:
             new_residual = torch.empty_like(residual)
             norm = NormPrologue(residual, norm_w, eps, new_residual)
-            return skinny_gemm(x, w, workspace=self.workspace, pdl=self.pdl, norm=norm), new_residual
+            fuse_glu = glu and self.fused_glu
+            y = skinny_gemm(x, w, workspace=self.workspace, pdl=self.pdl, norm=norm, glu=fuse_glu)
+            return (silu_mul(y, pdl=self.pdl) if glu and not fuse_glu else y), new_residual
         x = rms_norm(x, norm_w, eps, residual=residual, pdl=self.pdl)
-        return self.linear(x, w, packed), residual
+        y = self.linear(x, w, packed)
+        return (silu_mul(y, pdl=self.pdl) if glu else y), residual
 
     # -- the forward pass ------------------------------------------------------------------------------
     def forward(
@@ -174,11 +182,11 @@ class FastRunner:
             else:
                 attn = extend_attention(q, k_cache, v_cache, start, self.scale, pdl=pdl)  # (T, H, D)
             o = self.linear(attn.view(t, cfg.q_size), layer.wo, aq.wo if aq else None)  # (T, C)
-            post = layer.post_norm  # residual += attn out, then the norm and the gate/up projection
-            gate_up, residual = self.norm_linear(
-                o, residual, post, layer.w_gate_up, aq.w_gate_up if aq else None
+            post = layer.post_norm  # residual += attn out, the norm, gate/up, SwiGLU: (T, I)
+            act, residual = self.norm_linear(
+                o, residual, post, layer.w_gate_up, aq.w_gate_up if aq else None, glu=True
             )
-            x = self.linear(silu_mul(gate_up, pdl=pdl), layer.w_down, aq.w_down if aq else None)  # (T, C)
+            x = self.linear(act, layer.w_down, aq.w_down if aq else None)  # (T, C)
         assert x is not None  # set by the first layer; a model has at least one
         x = rms_norm(x, w.norm, cfg.rms_norm_eps, residual=residual, pdl=pdl)  # (T, C)
         # The LM head stays on cuBLAS: at 32K rows it streams near copy bandwidth there (docs/kernels.md).

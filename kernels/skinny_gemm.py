@@ -14,6 +14,10 @@ resets the counter, so a CUDA graph replays with the workspace as it found it.
 SWIGLU=True takes x as the gate/up projection output (M, 2K) and multiplies by silu(gate) * up, computed in
 fp32 and rounded once as kernels/silu_mul.py does: the down projection without the SwiGLU launch.
 
+GLU=True takes W as [gate | up] (2N, K) and writes silu(x @ gate.T) * (x @ up.T) (M, N): each program
+streams the matching row blocks of both halves, rounds each product to the output dtype and applies the
+SwiGLU as kernels/silu_mul.py does, so the gate/up projection and the SwiGLU are one launch.
+
 NORM=True is the residual add + RMSNorm of kernels/rms_norm.py in the prologue (the QKV and gate/up
 projections without the norm launch): every program sums the squares of its rows of x + residual over the
 whole K (a few KB from L2 at M <= 16), normalises its own K share with the same roundings, and the programs
@@ -23,6 +27,7 @@ still read the old one).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +36,7 @@ import triton.language as tl
 
 from .contract import FLOAT_DTYPES, check_out, check_tensor, interpreting
 from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
+from .skinny_parts import NormPrologue, _finish, _row_inv_rms
 from .split_kv import dot_operands_fp32, dot_precision
 
 MAX_M = 16  # rows of x a program holds: one tl.dot tile
@@ -48,32 +54,6 @@ class SkinnyConfig:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 4
-
-
-@dataclass(frozen=True)
-class NormPrologue:
-    """The residual add + RMSNorm before a projection: x := rmsnorm(x + residual) * weight, and
-    residual_out := x + residual (the residual stream after this add)."""
-
-    residual: torch.Tensor  # (M, K)
-    weight: torch.Tensor  # (K,)
-    eps: float
-    residual_out: torch.Tensor  # (M, K), not `residual` itself
-
-
-@triton.jit
-def _row_inv_rms(x_ptr, res_ptr, rm, M, K, eps, BLOCK_M: tl.constexpr, BLOCK_KF: tl.constexpr):
-    """1 / rms of each row of bf16-rounded x + residual, over the whole K (BLOCK_KF >= K), one row at a time
-    so that only real rows are read."""
-    cols = tl.arange(0, BLOCK_KF)
-    col_ok = cols < K
-    inv = tl.zeros((BLOCK_M,), tl.float32)
-    for r in range(0, M):
-        h = tl.load(x_ptr + r * K + cols, mask=col_ok, other=0.0).to(tl.float32)
-        h += tl.load(res_ptr + r * K + cols, mask=col_ok, other=0.0).to(tl.float32)
-        h = h.to(x_ptr.dtype.element_ty).to(tl.float32)  # the residual as stored
-        inv = tl.where(rm == r, tl.rsqrt(tl.sum(h * h, 0) / K + eps), inv)
-    return inv
 
 
 @triton.jit
@@ -96,6 +76,7 @@ def _skinny_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     SWIGLU: tl.constexpr,
+    GLU: tl.constexpr,
     NORM: tl.constexpr,
     BLOCK_KF: tl.constexpr,  # K padded to a power of two, when NORM
     EVEN_K: tl.constexpr,  # K == SPLIT_K * k_per_split: no K masks
@@ -117,6 +98,7 @@ def _skinny_kernel(
     k_lo = pid_k * k_per_split
     x_row = rm.to(tl.int64)[:, None] * (2 * K if SWIGLU else K)
     w_row = rn_safe.to(tl.int64)[:, None] * K
+    w_row_up = (rn_safe + N).to(tl.int64)[:, None] * K  # GLU: the up half's matching rows
     pdl_release(PDL)
     if PREFETCH:
         # Weights are written by nobody in a step: read them into L2 while the previous kernel finishes,
@@ -134,13 +116,18 @@ def _skinny_kernel(
     if NORM:
         inv_rms = _row_inv_rms(x_ptr, res_ptr, rm, M, K, eps, BLOCK_M, BLOCK_KF)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, k_per_split, BLOCK_K):
         kk = k_lo + k0 + rk
         if EVEN_K:
             w = tl.load(w_ptr + w_row + kk[None, :])
+            if GLU:
+                w_up = tl.load(w_ptr + w_row_up + kk[None, :])
             x_mask = m_ok[:, None]
         else:
             w = tl.load(w_ptr + w_row + kk[None, :], mask=(kk < K)[None, :], other=0.0)
+            if GLU:
+                w_up = tl.load(w_ptr + w_row_up + kk[None, :], mask=(kk < K)[None, :], other=0.0)
             x_mask = m_ok[:, None] & (kk < K)[None, :]
         if SWIGLU:
             gate = tl.load(x_ptr + x_row + kk[None, :], mask=x_mask, other=0.0).to(tl.float32)
@@ -160,25 +147,34 @@ def _skinny_kernel(
         if UPCAST:
             a = a.to(tl.float32)
             w = w.to(tl.float32)
+            if GLU:
+                w_up = w_up.to(tl.float32)
         acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
+        if GLU:
+            acc_up += tl.dot(a, tl.trans(w_up), input_precision=PRECISION)
 
     out_off = rm[:, None] * N + rn[None, :]
     out_mask = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1:
-        tl.store(out_ptr + out_off, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(out_ptr + out_off, _finish(acc, acc_up, out_ptr, GLU), mask=out_mask)
     else:
-        tl.store(part_ptr + pid_k * M * N + out_off, acc, mask=out_mask)
+        halves = 2 if GLU else 1
+        tl.store(part_ptr + pid_k * halves * M * N + out_off, acc, mask=out_mask)
+        if GLU:
+            tl.store(part_ptr + (pid_k * 2 + 1) * M * N + out_off, acc_up, mask=out_mask)
         # Every thread's partial is stored before the one release below makes them visible.
         tl.debug_barrier()
         arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:
             total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            total_up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
             for s in range(SPLIT_K):
                 # .cg: from L2, where the other shares' stores are, never a stale L1 line.
-                total += tl.load(
-                    part_ptr + s * M * N + out_off, mask=out_mask, other=0.0, cache_modifier=".cg"
-                )
-            tl.store(out_ptr + out_off, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+                part = part_ptr + s * halves * M * N + out_off
+                total += tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")
+                if GLU:
+                    total_up += tl.load(part + M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + out_off, _finish(total, total_up, out_ptr, GLU), mask=out_mask)
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
@@ -221,15 +217,21 @@ def skinny_gemm(
     workspace: SkinnyWorkspace | None = None,
     pdl: bool = False,
     norm: NormPrologue | None = None,
+    glu: bool = False,
 ) -> torch.Tensor:
     """x (M, K) @ w (N, K).T -> (M, N) in x.dtype, M <= 16; with swiglu, x is (M, 2K) [gate | up] and the
     product is (silu(gate) * up) @ w.T; with norm, the product is rmsnorm(x + residual) @ w.T and
-    norm.residual_out receives x + residual. Split-K configs need a workspace (one is allocated if none).
+    norm.residual_out receives x + residual; with glu, w is [gate | up] (2N, K) and the result (M, N) is
+    silu(x @ gate.T) * (x @ up.T). Split-K configs need a workspace (one is allocated if none).
     pdl: launch as a programmatic dependent of the previous kernel, prefetching weights meanwhile."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor("w", w, ndim=2, dtypes=(x.dtype,), device=x.device)
     m, width = x.shape
     n, k = w.shape
+    if glu:
+        if n % 2 or swiglu:
+            raise ValueError(f"glu takes w as [gate | up] with an even row count, no swiglu; w has {n} rows")
+        n //= 2  # output columns; program tiles take BLOCK_N rows of each half
     if not 1 <= m <= MAX_M:
         raise ValueError(f"x must have 1..{MAX_M} rows (larger M belongs to a tiled GEMM), got {m}")
     if width != (2 * k if swiglu else k):
@@ -247,7 +249,11 @@ def skinny_gemm(
         check_tensor("norm weight", norm.weight, shape=(k,), dtypes=FLOAT_DTYPES, device=x.device)
         if norm.residual_out.data_ptr() == norm.residual.data_ptr():
             raise ValueError("residual_out must not be the residual: other programs still read it")
-    cfg = config or default_config(m, n, k, x.device)
+    if config is None:  # tiles as ranked for the whole matrix: half the rows of each half per program
+        config = default_config(m, 2 * n if glu else n, k, x.device)
+        if glu:
+            config = dataclasses.replace(config, block_n=max(16, config.block_n // 2))
+    cfg = config
     for name in ("block_n", "block_k"):
         size = getattr(cfg, name)
         if size < 16 or size & (size - 1):
@@ -257,10 +263,11 @@ def skinny_gemm(
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     split = triton.cdiv(k, k_per_split)  # shares that hold any K at all
     blocks = triton.cdiv(n, cfg.block_n)
+    halves = 2 if glu else 1
     if split > 1:
         if workspace is None:
-            workspace = SkinnyWorkspace.allocate(n, split, x.device, cfg.block_n)
-        if workspace.partials.numel() < split * m * n or workspace.counts.numel() < blocks:
+            workspace = SkinnyWorkspace.allocate(halves * n, split, x.device, cfg.block_n)
+        if workspace.partials.numel() < split * m * n * halves or workspace.counts.numel() < blocks:
             raise ValueError(f"workspace too small for split_k {split}, M {m}, N {n}, {blocks} N blocks")
         part, counts = workspace.partials, workspace.counts
     else:
@@ -281,6 +288,7 @@ def skinny_gemm(
         BLOCK_K=cfg.block_k,
         SPLIT_K=split,
         SWIGLU=swiglu,
+        GLU=glu,
         NORM=norm is not None,
         BLOCK_KF=triton.next_power_of_2(k) if norm else 16,
         EVEN_K=split * k_per_split == k,
@@ -295,9 +303,16 @@ def skinny_gemm(
     return out
 
 
-def skinny_gemm_ref(x: torch.Tensor, w: torch.Tensor, swiglu: bool = False) -> torch.Tensor:
-    """Plain PyTorch, fp32 products and sums, one rounding (the test oracle)."""
+def skinny_gemm_ref(
+    x: torch.Tensor, w: torch.Tensor, swiglu: bool = False, glu: bool = False
+) -> torch.Tensor:
+    """Plain PyTorch, fp32 products and sums, one rounding (the test oracle); glu: then silu(gate) * up in
+    fp32 and a second rounding, as kernels/silu_mul.py."""
     if swiglu:
         gate, up = x.float().chunk(2, dim=-1)
         x = (torch.nn.functional.silu(gate) * up).to(x.dtype)
-    return (x.float() @ w.float().T).to(x.dtype)
+    y = (x.float() @ w.float().T).to(x.dtype)
+    if glu:
+        gate, up = y.float().chunk(2, dim=-1)
+        y = (torch.nn.functional.silu(gate) * up).to(x.dtype)
+    return y

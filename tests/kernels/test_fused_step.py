@@ -1,8 +1,12 @@
-"""The fast path with the residual add + RMSNorm in the skinny GEMM's prologue gives the reference path's
-logits, step after step (Triton interpreter, CPU, float32, on a tiny random checkpoint). Decode attention's
-fused combine needs splits, which the interpreter does not take: tests/kernels/test_decode_attention.py."""
+"""The fast path with the residual add + RMSNorm in the skinny GEMM's prologue (and the SwiGLU in its
+epilogue) gives the reference path's logits, step after step (Triton interpreter, CPU, float32, on a tiny
+random checkpoint). Decode attention's fused combine needs splits, which the interpreter does not take:
+tests/kernels/test_decode_attention.py."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -21,8 +25,9 @@ ATOL = 1e-4
 
 
 @pytest.mark.slow
-def test_fused_norm_steps_match_reference(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("fused_glu", [False, True])
+def test_fused_steps_match_reference(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, fused_glu: bool
 ) -> None:
     folder = cached_checkpoint(
         tmp_path_factory.mktemp("fused"),
@@ -37,15 +42,10 @@ def test_fused_norm_steps_match_reference(
     cpu = torch.device("cpu")
     cache = KVCache(cfg, 2, 64, cpu, torch.float32, pad=8)
     model = Transformer(cfg, load_weights(folder, cfg, cpu, torch.float32), cache.capacity)
-    norms: list[int] = []
-    real_rms_norm = fast_module.rms_norm
-
-    def counted_rms_norm(*args: object, **kwargs: object) -> torch.Tensor:
-        norms.append(1)
-        return real_rms_norm(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(fast_module, "rms_norm", counted_rms_norm)
-    fast = FastRunner(model, cache, graphs=False, gemm="skinny", fused_norm=True)
+    launches = {"rms_norm": 0, "silu_mul": 0}
+    for name in launches:
+        monkeypatch.setattr(fast_module, name, counted(getattr(fast_module, name), name, launches))
+    fast = FastRunner(model, cache, graphs=False, gemm="skinny", fused_norm=True, fused_glu=fused_glu)
     ref = ReferenceRunner(model, cache)
     ids = torch.randint(0, cfg.vocab_size, (14,), generator=torch.Generator().manual_seed(2))
     # slot 0 fast, slot 1 reference: a 9-token prefill, 3 more over it, two decode steps
@@ -56,5 +56,16 @@ def test_fused_norm_steps_match_reference(
     for pos in (12, 13):
         got, want = fast.decode(int(ids[pos]), pos, 0), ref.decode(int(ids[pos]), pos, 1)
         torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
-    # Per step, only the first layer's norm (no residual yet) and the final norm run as their own kernel.
-    assert len(norms) == 4 * 2
+    # Per step, only the first layer's norm (no residual yet) and the final norm run as their own kernel;
+    # the SwiGLU kernel runs in each of the 3 layers unless it is fused too.
+    assert launches == {"rms_norm": 4 * 2, "silu_mul": 0 if fused_glu else 4 * 3}
+
+
+def counted(
+    kernel: Callable[..., torch.Tensor], name: str, launches: dict[str, int]
+) -> Callable[..., torch.Tensor]:
+    def launch(*args: Any, **kwargs: Any) -> torch.Tensor:
+        launches[name] += 1
+        return kernel(*args, **kwargs)
+
+    return launch

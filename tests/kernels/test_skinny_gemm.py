@@ -90,6 +90,44 @@ def test_norm_prologue_matches_rms_norm_then_gemm(
     assert torch.equal(residual, residual_before)  # other programs read it: never written
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("m", "n", "k", "config"), SHAPES)
+def test_glu_epilogue_matches_gemm_then_silu_mul(
+    dtype: torch.dtype, m: int, n: int, k: int, config: SkinnyConfig
+) -> None:
+    """W = [gate | up] (2n, k) -> silu(x @ gate.T) * (x @ up.T) (m, n); with the norm prologue too."""
+    x, w = torch.randn(m, k).to(dtype), torch.randn(2 * n, k).to(dtype)
+    out = torch.full((m, n), float("nan"), dtype=dtype)
+    workspace = SkinnyWorkspace.allocate(2 * n, 8, x.device)
+    workspace.partials.fill_(float("nan"))
+
+    got = skinny_gemm(x, w, out=out, config=config, workspace=workspace, glu=True)
+
+    want = skinny_gemm_ref(x, w, glu=True)
+    assert got is out and got.shape == (m, n)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+    else:  # gate and up each one rounding (a truncation here), silu * up one more: 3 ulps of the result
+        gate, up = (x.float() @ w.float().T).chunk(2, dim=-1)
+        silu = torch.nn.functional.silu(gate)
+        bound = 1e-4 + 3 * 2**-7 * (silu * up).abs() + 2**-7 * (silu.abs() + up.abs())
+        assert ((got.float() - want.float()).abs() <= bound).all()
+    assert workspace.counts.count_nonzero().item() == 0
+
+
+def test_glu_with_norm_prologue() -> None:
+    x, residual, w = torch.randn(3, 40), torch.randn(3, 40), torch.randn(2 * 24, 40)
+    weight = 1 + 0.1 * torch.randn(40)
+    norm = NormPrologue(residual, weight, 1e-6, torch.empty_like(x))
+
+    got = skinny_gemm(x, w, config=SkinnyConfig(16, 32, 2, 4, 1), norm=norm, glu=True)
+
+    a = rms_norm_ref(x, weight, 1e-6, residual=residual.clone())
+    torch.testing.assert_close(got, skinny_gemm_ref(a, w, glu=True), atol=1e-4, rtol=1e-5)
+    with pytest.raises(ValueError, match="even row count"):
+        skinny_gemm(x, torch.randn(47, 40), glu=True)
+
+
 def test_norm_prologue_contract() -> None:
     x, w = torch.randn(2, 32), torch.randn(16, 32)
     residual = torch.randn(2, 32)
