@@ -114,6 +114,20 @@ def parity(built: Assembly, hf: Any, cfg: ModelConfig) -> dict[str, float]:
     assert fast is not None  # None only when an interrupted check stops it; none is passed here
     ref = built.model.forward_reference(ids, 0, built.cache, 0)
     rows = {"fast vs reference": (fast, ref)}
+    # A decode step and a 4-token step (graph replays: the skinny path and its fusions) against the
+    # reference on the same cache: each reference step rewrites the rows the fast one wrote before it.
+    step = built.runner.decode(int(ids[0]), 512, 0)
+    assert step is not None  # as above
+    rows["fast vs reference, decode step"] = (
+        step,
+        built.model.forward_reference(ids[:1], 512, built.cache, 0),
+    )
+    step = built.runner.prefill(ids[1:5], 513, 0)
+    assert step is not None
+    rows["fast vs reference, 4-token step"] = (
+        step,
+        built.model.forward_reference(ids[1:5], 513, built.cache, 0),
+    )
     if hf is not None:
         with torch.no_grad():
             hf_bf16 = hf(ids[None], logits_to_keep=1).logits[0].float()

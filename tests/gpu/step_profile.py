@@ -28,7 +28,19 @@ from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.kernels.check_gpu import measure_floors
 from lsp_dscoder.kernels.split_kv import choose_num_splits
 
-ROLES = ("norm", "qkv", "rope", "attn", "combine", "o", "norm", "gate_up", "silu", "down")
+GEMMS = ("qkv", "o", "gate_up", "down")  # the GEMMs of a layer in launch order
+# Kernel name -> role; every other kernel of a layer is one of its GEMMs (cuBLAS or the skinny kernel).
+NAMED = {"rms_norm": "norm", "rope": "rope", "decode": "attn", "extend": "attn", "combine": "combine"}
+NAMED |= {"silu_mul": "silu"}
+
+
+def roles_of(window: list[dict[str, Any]]) -> list[str]:
+    """Roles of one layer's kernels, from their names; GEMMs in launch order."""
+    roles, gemms = [], iter(GEMMS)
+    for k in window:
+        named = [role for key, role in NAMED.items() if key in k["name"]]
+        roles.append(named[0] if named else next(gemms, "other"))
+    return roles
 
 
 def role_bytes(cfg: ModelConfig, ctx: int, splits: int) -> dict[str, float]:
@@ -55,20 +67,28 @@ def kernels_of(trace: Path) -> list[dict[str, Any]]:
 
 
 def layer_windows(ks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The kernels of each layer: from two kernels before a rope kernel (norm, QKV GEMM) to the next."""
-    ropes = [n for n, k in enumerate(ks) if "rope" in k["name"]]
-    starts = [r - 2 for r in ropes]
+    """The kernels of each layer: from the QKV GEMM (or the norm before it, when separate) to the next."""
+    starts = []
+    for n, k in enumerate(ks):
+        if "rope" in k["name"]:
+            starts.append(n - 2 if "rms_norm" in ks[n - 2]["name"] else n - 1)
     return [ks[a:b] for a, b in zip(starts, [*starts[1:], len(ks)], strict=True)]
 
 
-# FastRunner options; only the profiled bucket is captured.
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "fused combine": {"fused_combine": True},
     "skinny": {"gemm": "skinny"},
     "skinny+norm": {"gemm": "skinny", "fused_norm": True},
-    "all fused": {"gemm": "skinny", "fused_norm": True, "fused_combine": True},
-    "all fused+PDL": {"gemm": "skinny", "fused_norm": True, "fused_combine": True, "pdl": True},
+    "skinny+norm+glu": {"gemm": "skinny", "fused_norm": True, "fused_glu": True},
+    "all fused": {"gemm": "skinny", "fused_norm": True, "fused_glu": True, "fused_combine": True},
+    "all fused+PDL": {
+        "gemm": "skinny",
+        "fused_norm": True,
+        "fused_glu": True,
+        "fused_combine": True,
+        "pdl": True,
+    },
 }
 
 
@@ -172,13 +192,11 @@ def analyse(ks: list[dict[str, Any]], reps: int, floors: dict[str, float], copy_
     lengths = {len(w) for w in windows}
     result["window"] = [(k["name"][:80], float(k["dur"])) for k in windows[0]] if windows else []
     rows = []
-    n = lengths.pop() if len(lengths) == 1 else 0
-    if n in (len(ROLES), len(ROLES) - 1):  # with or without the combine kernel
-        roles = ROLES if n == len(ROLES) else tuple(r for r in ROLES if r != "combine")
-        for pos, role in enumerate(roles):
+    if len(lengths) == 1:
+        for pos, role in enumerate(roles_of(windows[0])):
             us = statistics.mean(float(w[pos]["dur"]) for w in windows)
             gaps = [float(w[pos]["ts"]) - float(w[pos - 1]["ts"]) - float(w[pos - 1]["dur"]) for w in windows]
-            floor_us = floors[role] / copy_bps * 1e6
+            floor_us = floors.get(role, 0.0) / copy_bps * 1e6
             rows.append(
                 {
                     "role": role,
@@ -186,7 +204,7 @@ def analyse(ks: list[dict[str, Any]], reps: int, floors: dict[str, float], copy_
                     "us": us,
                     "gap_before_us": statistics.mean(gaps) if pos > 0 else None,
                     "floor_us": floor_us,
-                    "x_floor": us / floor_us,
+                    "x_floor": us / floor_us if floor_us else None,
                 }
             )
     result["layer"] = rows
@@ -215,7 +233,7 @@ def report(r: dict[str, Any]) -> None:
         gap = "" if row["gap_before_us"] is None else f"{row['gap_before_us']:.2f}"
         print(
             f"| {row['role']} | {row['kernel']} | {row['us']:.2f} | {gap} | {row['floor_us']:.2f} | "
-            f"{row['x_floor']:.1f} |"
+            f"{row['x_floor'] or 0:.1f} |"
         )
     total = sum(row["us"] for row in r["layer"])
     total_floor = sum(row["floor_us"] for row in r["layer"])
