@@ -51,13 +51,14 @@ def change_params(raw: Any) -> types.DidChangeTextDocumentParams | None:
                 start=types.Position(line=start["line"], character=start["character"]),
                 end=types.Position(line=end["line"], character=end["character"]),
             )
-            changes.append(types.TextDocumentContentChangePartial(range=span, text=text))
+            length = change.get("rangeLength")  # deprecated, unused, but kept as cattrs would
+            changes.append(types.TextDocumentContentChangePartial(range=span, text=text, range_length=length))
         if not isinstance(ident["uri"], str):
             return None
         doc = types.VersionedTextDocumentIdentifier(uri=ident["uri"], version=check_version(ident["version"]))
     except (KeyError, TypeError, ValueError, DocumentSyncError):
         return None
-    return types.DidChangeTextDocumentParams(text_document=doc, content_changes=changes)
+    return types.DidChangeTextDocumentParams(text_document=doc, content_changes=tuple(changes))
 
 
 @dataclass(eq=False)
