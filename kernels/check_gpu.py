@@ -138,8 +138,9 @@ def fused_decode_case(m: Model, kv_len: int, max_ctx: int, dev: torch.device) ->
     return make
 
 
-def norm_gemm_case(m: Model, n_tok: int, n_out: int, dev: torch.device) -> Make:
-    """Residual add + RMSNorm in the skinny GEMM's prologue (QKV or gate/up of a small step)."""
+def norm_gemm_case(m: Model, n_tok: int, n_out: int, dev: torch.device, glu: bool) -> Make:
+    """Residual add + RMSNorm in the skinny GEMM's prologue (QKV, or gate/up with the SwiGLU epilogue: glu),
+    as the fast path runs them for a small step."""
 
     def make() -> tuple[Call, Callable[[], float]]:
         x, res, w = (
@@ -149,18 +150,18 @@ def norm_gemm_case(m: Model, n_tok: int, n_out: int, dev: torch.device) -> Make:
         )
         scale = (1 + 0.1 * torch.randn(m.hidden, device=dev)).to(torch.bfloat16)  # a trained norm's spread
         norm = NormPrologue(res, scale, 1e-6, torch.empty_like(res))
-        out = torch.empty(n_tok, n_out, device=dev, dtype=torch.bfloat16)
+        out = torch.empty(n_tok, n_out // 2 if glu else n_out, device=dev, dtype=torch.bfloat16)
         workspace = SkinnyWorkspace.allocate(n_out, 8, dev)
 
         def verify() -> float:
             # Against the two kernels it replaces (each checked against its reference in this table): the
             # same roundings, so the interpreter's truncation cancels out too.
             a = rms_norm(x, norm.weight, 1e-6, residual=res.clone())
-            return max(
-                rel_err(out, skinny_gemm(a, w, workspace=workspace)), rel_err(norm.residual_out, x + res)
-            )
+            y = skinny_gemm(a, w, workspace=workspace)
+            want = silu_mul(y) if glu else y
+            return max(rel_err(out, want), rel_err(norm.residual_out, x + res))
 
-        return lambda: skinny_gemm(x, w, out=out, workspace=workspace, norm=norm), verify
+        return lambda: skinny_gemm(x, w, out=out, workspace=workspace, norm=norm, glu=glu), verify
 
     return make
 
@@ -357,12 +358,13 @@ def main() -> None:
             run("decode+", m, f"L={kv_len} own combine", fused_decode_case(m, kv_len, max_ctx, dev), *cost)
         for t in tokens[:2]:  # the skinny steps: decode and a keystroke
             for name, n_out in (("qkv", qkv_w), ("gate_up", 2 * m.inter)):
-                io = 2 * (n_out * m.hidden + t * (3 * m.hidden + n_out))
+                glu = name == "gate_up"
+                io = 2 * (n_out * m.hidden + t * (3 * m.hidden + (n_out // 2 if glu else n_out)))
                 run(
                     "normgemm",
                     m,
-                    f"{name} T={t}",
-                    norm_gemm_case(m, t, n_out, dev),
+                    f"{name}{'+glu' if glu else ''} T={t}",
+                    norm_gemm_case(m, t, n_out, dev, glu),
                     io,
                     2.0 * t * n_out * m.hidden,
                 )
