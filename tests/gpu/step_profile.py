@@ -77,11 +77,11 @@ def layer_windows(ks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
+    "all fused": {"gemm": "skinny", "fused_norm": True, "fused_glu": True, "fused_combine": True},
     "fused combine": {"fused_combine": True},
     "skinny": {"gemm": "skinny"},
     "skinny+norm": {"gemm": "skinny", "fused_norm": True},
     "skinny+norm+glu": {"gemm": "skinny", "fused_norm": True, "fused_glu": True},
-    "all fused": {"gemm": "skinny", "fused_norm": True, "fused_glu": True, "fused_combine": True},
     "all fused+PDL": {
         "gemm": "skinny",
         "fused_norm": True,
@@ -107,6 +107,7 @@ def profile_shape(
         else:  # the same prompt and weights: the variants' decode logits must agree
             r["logits_rel_l2_vs_first"] = float((logits - first).norm() / first.norm())
         results.append({"shape": shape, "variant": name, **r})
+        report(results[-1])  # as it comes: a run cut short keeps what it measured
         if out:
             path = out / f"profile_{shape}_T{tokens}_{name.replace(' ', '_')}.json"
             path.write_text(json.dumps(results[-1], indent=1))
@@ -251,8 +252,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     for shape in args.shapes.split(","):
-        for r in profile_shape(shape, args.ctx, args.tokens, args.variants.split(","), args.out):
-            report(r)
+        profile_shape(shape, args.ctx, args.tokens, args.variants.split(","), args.out)
 
 
 if __name__ == "__main__":
