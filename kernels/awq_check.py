@@ -22,7 +22,7 @@ import triton
 from .awq_dequant import awq_dequant
 from .awq_format import pack_int4
 from .awq_gemm import AwqTiles, awq_gemm, awq_gemm_ref, awq_skinny
-from .awq_gemv import GemvTiles
+from .awq_gemv import AwqWorkspace, GemvTiles
 from .shapes import by_name
 from .skinny_gemm import SkinnyWorkspace, skinny_gemm
 
@@ -85,9 +85,12 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
     if m == 1:
         for bk, warps, sub, stages, per_sm in ((8, 1, 2, 1, 8), (8, 1, 4, 1, 16), (8, 2, 2, 1, 4),
                                                (8, 1, 2, 3, 8), (16, 1, 2, 1, 8), (8, 4, 1, 1, 2),
-                                               (8, 1, 1, 1, 4)):  # fmt: skip
+                                               (8, 1, 1, 1, 1)):  # fmt: skip
             blocks = triton.cdiv(n // 8, 128 * warps)
             yield GemvTiles(bk, split_for(blocks, sub * k // group, per_sm, 512), warps, sub, stages)
+        blocks = triton.cdiv(n // 8, 128)
+        for per_sm in (1, 4):  # partials summed by the last share instead of atomics: at most 32 shares
+            yield GemvTiles(8, split_for(blocks, k // group, per_sm), 1, 1, 1, atomic=False)
     for bn, bk, warps, stages in ((256, 64, 4, 3), (256, 128, 4, 2), (256, 32, 4, 4), (512, 64, 8, 3),
                                   (128, 64, 2, 3)):  # fmt: skip
         for per_sm in (2, 4):
@@ -99,7 +102,8 @@ def name_of(t: Tiles) -> str:
     if t is None:
         return "default"
     if isinstance(t, GemvTiles):
-        return f"gemv k{t.block_k}/s{t.split_k}/w{t.num_warps}/sub{t.sub}/st{t.num_stages}"
+        how = "" if t.atomic else "/lastsum"
+        return f"gemv k{t.block_k}/s{t.split_k}/w{t.num_warps}/sub{t.sub}/st{t.num_stages}{how}"
     return f"tc n{t.block_n}/k{t.block_k}/s{t.split_k}/w{t.num_warps}/st{t.num_stages}"
 
 
@@ -108,7 +112,7 @@ def skinny_rows(model: str, mat: str, n: int, k: int, group: int, copy: float, s
     packed = random_awq(n, k, group, dev)
     wbytes = sum(t.numel() * t.element_size() for t in packed)
     rot = [packed] + [tuple(t.clone() for t in packed) for _ in range(max(2, ROTATE_BYTES // wbytes) - 1)]
-    ws = SkinnyWorkspace.allocate(n, 32, dev, 16)
+    ws = AwqWorkspace.allocate(n, dev)
     dense = awq_gemm_ref(torch.eye(k, device=dev), *packed).T.to(torch.bfloat16).contiguous()  # (N, K)
     drot = [dense] + [dense.clone() for _ in range(max(2, ROTATE_BYTES // (n * k * 2)) - 1)]
     dws = SkinnyWorkspace.allocate(n, 8, dev)
@@ -171,7 +175,7 @@ def _warm(args: tuple[list[str], list[str], int, int, int]) -> int:
     for model in models:
         for _mat, n, k in layer_shapes(model):
             packed = None
-            ws = SkinnyWorkspace.allocate(n, 32, dev, 16)
+            ws = AwqWorkspace.allocate(n, dev)
             for m in (1, 4, 16):
                 for tiles in variants(m, n, k, group) if model in sweep else [None]:
                     i += 1

@@ -26,6 +26,7 @@ from .awq_format import PACK, dequantize
 from .awq_gemv import (
     GEMV_MAX_M,
     MAX_SPLIT,
+    AwqWorkspace,
     GemvTiles,
     finish,
     gemv_tiles,
@@ -35,10 +36,10 @@ from .awq_gemv import (
 )
 from .contract import FLOAT_DTYPES, check_out, check_tensor, interpreting
 from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
-from .skinny_gemm import MAX_M, SkinnyWorkspace
+from .skinny_gemm import MAX_M
 from .split_kv import dot_operands_fp32, dot_precision
 
-__all__ = ["MAX_SPLIT", "AwqTiles", "awq_gemm", "awq_gemm_ref", "awq_skinny", "check_awq"]
+__all__ = ["MAX_SPLIT", "AwqTiles", "AwqWorkspace", "awq_gemm", "awq_gemm_ref", "awq_skinny", "check_awq"]
 
 KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the dot operands' dtype, for the kernel
 
@@ -198,7 +199,7 @@ def _launch(
     group: int,
     out: torch.Tensor,
     tiles: AwqTiles,
-    workspace: SkinnyWorkspace | None,
+    workspace: AwqWorkspace | None,
     pdl: bool,
 ) -> torch.Tensor:
     m, k = x.shape
@@ -219,8 +220,7 @@ def _launch(
     if split > 1:
         if m_blocks > 1:
             raise ValueError(f"split-K needs all {m} rows in one block (block_m {tiles.block_m})")
-        if workspace is None:
-            workspace = SkinnyWorkspace.allocate(n, split, x.device, tiles.block_n)
+        workspace = workspace or AwqWorkspace.allocate(n, x.device, split)
         if workspace.partials.numel() < split * m * n or workspace.counts.numel() < n_blocks:
             raise ValueError(f"workspace too small for split_k {split}, M {m}, N {n}")
         part, counts = workspace.partials, workspace.counts
@@ -241,7 +241,7 @@ def awq_skinny(
     scales: torch.Tensor,
     out: torch.Tensor | None = None,
     tiles: AwqTiles | GemvTiles | None = None,
-    workspace: SkinnyWorkspace | None = None,
+    workspace: AwqWorkspace | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
     """x (M, K), M <= 16, times the AWQ matrix (K -> N): (M, N) in x.dtype. GemvTiles (the default for

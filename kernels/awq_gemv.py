@@ -29,7 +29,7 @@ import triton.language as tl
 
 from .awq_format import PACK
 from .pdl import launch_options, pdl_release, pdl_wait
-from .skinny_gemm import SkinnyWorkspace
+from .skinny_gemm import MAX_M
 
 GEMV_MAX_M = 1  # a second row of x doubles the FMAs per weight: the tensor cores take M >= 2
 MAX_SPLIT = 32  # K shares of a tensor-core launch: a workspace holds MAX_SPLIT partials of (16, N), so
@@ -37,16 +37,40 @@ MAX_SPLIT = 32  # K shares of a tensor-core launch: a workspace holds MAX_SPLIT 
 
 
 @dataclass(frozen=True)
+class AwqWorkspace:
+    """Split-K buffers of the AWQ launches, owned by the caller so that CUDA graphs see fixed addresses;
+    every launch leaves them as it found them, so one serves any number of launches in stream order.
+
+    partials: the tensor-core kernel's per-share partials, summed by the last share to arrive. accum: the
+    CUDA-core kernel's shares add into it atomically (it may have hundreds of shares; one program summing
+    that many partials would take longer than the stream), the last one reads it out and zeroes it."""
+
+    partials: torch.Tensor  # (MAX_SPLIT * MAX_M * max_n,) fp32
+    counts: torch.Tensor  # (max_n / 128,) int32, zero between launches
+    accum: torch.Tensor  # (max_n,) fp32, zero between launches
+
+    @staticmethod
+    def allocate(max_n: int, device: torch.device, max_split: int = 32) -> AwqWorkspace:
+        return AwqWorkspace(
+            torch.empty(max_split * MAX_M * max_n, dtype=torch.float32, device=device),
+            torch.zeros(triton.cdiv(max_n, 2 * PACK), dtype=torch.int32, device=device),
+            torch.zeros(max_n, dtype=torch.float32, device=device),
+        )
+
+
+@dataclass(frozen=True)
 class GemvTiles:
     """block_k rows of K per load; split_k shares of K in parts of groups (`sub` parts a group: the group
     formula is linear in D and X, so parts of a group sum to it); num_warps sets BLOCK_W = 128 * num_warps;
-    num_stages > 1 lets Triton prefetch later tiles through shared memory."""
+    num_stages > 1 lets Triton prefetch later tiles through shared memory; atomic: shares add into one fp32
+    row instead of writing partials for the last share to sum."""
 
     block_k: int = 8
     split_k: int = 1
     num_warps: int = 1
     sub: int = 1
     num_stages: int = 1
+    atomic: bool = True
 
 
 @triton.jit
@@ -88,9 +112,11 @@ def _dot1(x, w, NIB: tl.constexpr):
 
 @triton.jit
 def finish(a0, a1, a2, a3, a4, a5, a6, a7, out_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, M, N,
-           BLOCK_M: tl.constexpr, WORDS: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+           BLOCK_M: tl.constexpr, WORDS: tl.constexpr, SPLIT_K: tl.constexpr,
+           ATOMIC: tl.constexpr = False):  # fmt: skip
     """Put the eight nibble accumulators back in column order and store y, or the split-K partial and,
-    for the last share to arrive, the sum of all partials in split order."""
+    for the last share to arrive, the sum of all partials in split order. ATOMIC: part_ptr is one zeroed
+    fp32 (M, N) that every share adds into; the last share reads it out and zeroes it again."""
     # Column j = 4 j2 + 2 j1 + j0 of a word is nibble REVERSE_ORDER[j]; joins put j0 innermost, then j1,
     # then j2, so the reshape lays the columns out as 8w + j.
     acc = tl.join(tl.join(tl.join(a0, a2), tl.join(a1, a3)), tl.join(tl.join(a4, a6), tl.join(a5, a7)))
@@ -100,6 +126,15 @@ def finish(a0, a1, a2, a3, a4, a5, a6, a7, out_ptr, part_ptr, count_ptr, pid_n, 
     out_mask = (rm < M)[:, None] & (rn < N)[None, :]
     if SPLIT_K == 1:
         tl.store(out_ptr + out_off, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    elif ATOMIC:
+        tl.atomic_add(part_ptr + out_off, acc, mask=out_mask, sem="relaxed", scope="gpu")
+        tl.debug_barrier()  # every thread's adds are issued before the one release below
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            total = tl.load(part_ptr + out_off, mask=out_mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + out_off, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+            tl.store(part_ptr + out_off, tl.zeros_like(total), mask=out_mask)
+            tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
     else:
         tl.store(part_ptr + pid_k * M * N + out_off, acc, mask=out_mask)
         tl.debug_barrier()  # every thread's partial is stored before the one release below
@@ -132,6 +167,7 @@ def _gemv_kernel(
     BLOCK_W: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    ATOMIC: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -187,7 +223,7 @@ def _gemv_kernel(
     rm = tl.arange(0, 1)
     finish(a0[None, :], a1[None, :], a2[None, :], a3[None, :], a4[None, :], a5[None, :], a6[None, :],
            a7[None, :], out_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, 1, N, 1, BLOCK_W,
-           SPLIT_K)  # fmt: skip
+           SPLIT_K, ATOMIC)  # fmt: skip
 
 
 def gemv_tiles(n: int, k: int, group: int, device: torch.device) -> GemvTiles:
@@ -210,7 +246,7 @@ def launch_gemv(
     group: int,
     out: torch.Tensor,
     tiles: GemvTiles,
-    workspace: SkinnyWorkspace | None,
+    workspace: AwqWorkspace | None,
     pdl: bool,
 ) -> torch.Tensor:
     """One launch, arguments already checked by the caller (kernels/awq_gemm.py's awq_skinny)."""
@@ -230,14 +266,17 @@ def launch_gemv(
     blocks = triton.cdiv(words, block_w)
     part, counts = out, out  # never touched without split-K
     if split > 1:
-        if workspace is None:
-            workspace = SkinnyWorkspace.allocate(n, split, x.device, block_w * PACK)
-        if workspace.partials.numel() < split * m * n or workspace.counts.numel() < blocks:
-            raise ValueError(f"workspace too small for split_k {split}, M {m}, N {n}")
-        part, counts = workspace.partials, workspace.counts
+        workspace = workspace or AwqWorkspace.allocate(n, x.device, split)
+        if workspace.accum.numel() < n or workspace.counts.numel() < blocks:
+            raise ValueError(f"workspace too small for N {n}")
+        if not tiles.atomic and workspace.partials.numel() < split * n:
+            raise ValueError(f"workspace too small for split_k {split}, N {n}")
+        part = workspace.accum if tiles.atomic else workspace.partials
+        counts = workspace.counts
     _gemv_kernel[(blocks, split)](
         x, qweight, qzeros, scales, out, part, counts, n, words, groups, per_split,
-        GROUP=group, SUB=tiles.sub, BLOCK_W=block_w, BLOCK_K=tiles.block_k, SPLIT_K=split, PDL=pdl,
+        GROUP=group, SUB=tiles.sub, BLOCK_W=block_w, BLOCK_K=tiles.block_k, SPLIT_K=split,
+        ATOMIC=tiles.atomic, PDL=pdl,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **launch_options(pdl),
     )  # fmt: skip
     return out

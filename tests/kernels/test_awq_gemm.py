@@ -9,8 +9,7 @@ import torch
 from lsp_dscoder.kernels.awq_dequant import awq_dequant, awq_dequant_ref
 from lsp_dscoder.kernels.awq_format import pack_int4
 from lsp_dscoder.kernels.awq_gemm import AwqTiles, awq_gemm, awq_gemm_ref, awq_skinny
-from lsp_dscoder.kernels.awq_gemv import GemvTiles
-from lsp_dscoder.kernels.skinny_gemm import SkinnyWorkspace
+from lsp_dscoder.kernels.awq_gemv import AwqWorkspace, GemvTiles
 
 # (atol, rtol) of kernel vs reference. Both sum exact fp32 products (the interpreter widens the dot
 # operands), in different orders, and the kernel subtracts z * sum(x) from sum(x * q): terms up to
@@ -34,6 +33,7 @@ SKINNY = [
     (1, 8, 96, 32, GemvTiles(32, 16, 1)),  # 16 asked, 3 shares hold any group
     (1, 40, 192, 64, GemvTiles(8, 5, 1, sub=4)),  # quarters of groups: 5 asked, 4 shares of 3 parts
     (1, 16, 256, 128, GemvTiles(16, 3, 1, sub=2)),  # a share ends in the middle of a group
+    (1, 1032, 224, 32, GemvTiles(16, 3, 1, atomic=False)),  # partials summed by the last share
 ]
 GEMM = [
     (37, 40, 64, 32, AwqTiles(16, 32, 32, 1, 4, 1)),  # three M blocks, the last of 5 rows
@@ -56,7 +56,7 @@ def test_skinny_matches_reference(
 ) -> None:
     packed = random_layer(n, k, group)
     x = torch.randn(m, k).to(dtype)
-    workspace = SkinnyWorkspace.allocate(n, 16, x.device)
+    workspace = AwqWorkspace.allocate(n, x.device, 16)
     workspace.partials.fill_(float("nan"))  # partials are written before they are read
     out = torch.full((m, n), float("nan"), dtype=dtype)  # every element must be written
 
@@ -65,7 +65,8 @@ def test_skinny_matches_reference(
     atol, rtol = TOL[dtype]
     assert got is out
     torch.testing.assert_close(got, awq_gemm_ref(x, *packed), atol=atol, rtol=rtol)
-    assert workspace.counts.count_nonzero().item() == 0  # left as found, for the next graph replay
+    # Left as found, for the next graph replay.
+    assert workspace.counts.count_nonzero().item() == 0 and workspace.accum.count_nonzero().item() == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
