@@ -30,7 +30,7 @@ from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.kernels.awq_dequant import awq_dequant
-from lsp_dscoder.kernels.awq_gemm import MAX_SPLIT, awq_skinny
+from lsp_dscoder.kernels.awq_gemm import AwqWorkspace, awq_skinny
 from lsp_dscoder.kernels.decode_attention import decode_attention
 from lsp_dscoder.kernels.extend_attention import extend_attention
 from lsp_dscoder.kernels.pdl import pdl_supported
@@ -102,7 +102,7 @@ class FastRunner:
         # AWQ checkpoints (engine/awq.py) run every layer matrix packed, through kernels/awq_gemm.py; a
         # larger step dequantizes each matrix into one reused buffer for cuBLAS (docs/awq.md).
         packed = bool(model.w.layers) and model.w.layers[0].quant is not None
-        self.awq_workspace = SkinnyWorkspace.allocate(widest, MAX_SPLIT, dev) if packed else None
+        self.awq_workspace = AwqWorkspace.allocate(widest, dev) if packed else None
         largest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size) * cfg.hidden_size
         self.awq_dense = torch.empty(largest, dtype=model.w.embed.dtype, device=dev) if packed else None
 
