@@ -37,7 +37,8 @@ from lsp_dscoder.kernels.pdl import pdl_supported
 from lsp_dscoder.kernels.rms_norm import rms_norm
 from lsp_dscoder.kernels.rope_store import rope_cos_sin, rope_store
 from lsp_dscoder.kernels.silu_mul import silu_mul
-from lsp_dscoder.kernels.skinny_gemm import MAX_M, NormPrologue, SkinnyWorkspace, skinny_gemm
+from lsp_dscoder.kernels.skinny_gemm import MAX_M, SkinnyWorkspace, skinny_gemm
+from lsp_dscoder.kernels.skinny_parts import NormPrologue
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 GEMM_CHOICES = ("auto", "cublas", "skinny")

@@ -32,7 +32,8 @@ from .rms_norm import rms_norm, rms_norm_ref
 from .rope_store import rope_cos_sin, rope_store, rope_store_ref
 from .shapes import MODELS, Model
 from .silu_mul import silu_mul, silu_mul_ref
-from .skinny_gemm import NormPrologue, SkinnyWorkspace, skinny_gemm
+from .skinny_gemm import SkinnyWorkspace, skinny_gemm
+from .skinny_parts import NormPrologue
 
 Call = Callable[[], object]
 # make() -> (launch, verify): verify compares what the first launch wrote with the reference.
