@@ -114,8 +114,9 @@ class RequestRecord:
             "stopRule": self.stop_rule,
         }
 
-    def log_line(self) -> str:
-        d = self.as_dict()
+    def log_line(self, d: dict[str, Any] | None = None) -> str:
+        """The request's log line; `d` is its `as_dict()` when the caller has it already."""
+        d = self.as_dict() if d is None else d
         keys = (
             *("source", "outcome", "firstPartialMs", "promptMs", "queueMs", "engineTtftMs", "engineTextMs"),
             "responseMs",
@@ -144,7 +145,8 @@ class Stats:
 
     def finish(self, record: RequestRecord) -> None:
         d = record.as_dict()
-        log.info("%s", record.log_line())
+        if log.isEnabledFor(logging.INFO):  # stderr logs warnings only by default: no line to build
+            log.info("%s", record.log_line(d))
         self.counts["requests"] += 1
         self.counts[f"source_{d['source']}"] += 1
         self.counts[f"outcome_{d['outcome']}"] += 1
