@@ -107,8 +107,9 @@ def name_of(t: Tiles) -> str:
     return f"tc n{t.block_n}/k{t.block_k}/s{t.split_k}/w{t.num_warps}/st{t.num_stages}"
 
 
-def skinny_rows(model: str, mat: str, n: int, k: int, group: int, copy: float, sweep: bool) -> None:
-    dev = torch.device("cuda")
+def skinny_rows(
+    model: str, mat: str, n: int, k: int, group: int, copy: float, sweep: bool, dev: torch.device
+) -> None:
     packed = random_awq(n, k, group, dev)
     wbytes = sum(t.numel() * t.element_size() for t in packed)
     rot = [packed] + [tuple(t.clone() for t in packed) for _ in range(max(2, ROTATE_BYTES // wbytes) - 1)]
@@ -123,7 +124,7 @@ def skinny_rows(model: str, mat: str, n: int, k: int, group: int, copy: float, s
         io = x.numel() * 2 + m * n * 2
         t_sk = graph_us(lambda i, x=x: skinny_gemm(x, drot[i % len(drot)], workspace=dws), len(drot))
         t_cb = graph_us(lambda i, x=x: x @ drot[i % len(drot)].T, len(drot))
-        for tiles in variants(m, n, k, group) if sweep else [None]:
+        for tiles in variants(m, n, k, group) if sweep and m < 16 else [None]:
             try:
                 got = awq_skinny(x, *packed, out=out, tiles=tiles, workspace=ws).float()
                 err = float((got - want).abs().max() / want.abs().max())
@@ -142,8 +143,7 @@ def skinny_rows(model: str, mat: str, n: int, k: int, group: int, copy: float, s
                   f"{100 * gbs / copy:.0f}% | {t_sk:.1f} | {t_cb:.1f} |", flush=True)  # fmt: skip
 
 
-def prefill_rows(model: str, mat: str, n: int, k: int, group: int) -> None:
-    dev = torch.device("cuda")
+def prefill_rows(model: str, mat: str, n: int, k: int, group: int, dev: torch.device) -> None:
     packed = random_awq(n, k, group, dev)
     buf = torch.empty(k, n, device=dev, dtype=torch.bfloat16)
     dense_t = awq_dequant(*packed, out=buf.clone())
@@ -177,7 +177,7 @@ def _warm(args: tuple[list[str], list[str], int, int, int]) -> int:
             packed = None
             ws = AwqWorkspace.allocate(n, dev)
             for m in (1, 4, 16):
-                for tiles in variants(m, n, k, group) if model in sweep else [None]:
+                for tiles in variants(m, n, k, group) if model in sweep and m < 16 else [None]:
                     i += 1
                     if i % shares != share:
                         continue
@@ -214,13 +214,13 @@ def main() -> None:
     print("| --- " * 10 + "|", flush=True)
     for model in args.models:
         for mat, n, k in layer_shapes(model):
-            skinny_rows(model, mat, n, k, args.group, copy, model in args.sweep)
+            skinny_rows(model, mat, n, k, args.group, copy, model in args.sweep, dev)
     if args.prefill:
         print("\n| model | matrix | M | awq_gemm 64x256 | awq_gemm 128x256 | dequant+cuBLAS | bf16 cuBLAS |")
         print("| --- " * 7 + "|", flush=True)
     for model in args.prefill:
         for mat, n, k in layer_shapes(model):
-            prefill_rows(model, mat, n, k, args.group)
+            prefill_rows(model, mat, n, k, args.group, dev)
 
 
 if __name__ == "__main__":
