@@ -32,6 +32,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,13 +47,16 @@ from lsp_dscoder.remote_http import (
     ConnectionPool,
     Endpoint,
     HttpStatusError,
+    PromptIds,
     RemoteError,
     abort,
     check_status,
     encode_json,
     model_ids,
+    post_bytes,
+    read_response,
     request_json,
-    send_json,
+    send_now,
     set_read_timeout,
     sse_events,
 )
@@ -79,6 +83,10 @@ class RemoteHandle(CompletionHandle):
         with self._conn_lock:
             if self._conn is not None:
                 abort(self._conn)
+
+    @property
+    def connection(self) -> http.client.HTTPConnection | None:
+        return self._conn
 
     def attach(self, conn: http.client.HTTPConnection | None) -> None:
         with self._conn_lock:
@@ -122,6 +130,7 @@ class RemoteBackend:
         self._ttfts: deque[float] = deque(maxlen=1000)
         # each request's body and stage times, appended as a JSON line: `bench --backend remote` replays them
         self._trace = os.environ.get(TRACE_ENV) or None
+        self._prompts = PromptIds(self.tokenizer.vocab_size)
         self._last_backend: dict[str, Any] | None = None
         self.health.start()  # probes now (a keep-alive connection for the first keystroke), then on failure
 
@@ -134,15 +143,14 @@ class RemoteBackend:
             raise EngineError("empty prompt: at least one token (e.g. BOS) is required")
         if n > self.max_context:
             raise ContextOverflowError(f"prompt of {n} tokens exceeds the max context of {self.max_context}")
-        vocab = self.tokenizer.vocab_size
-        if bad := [t for t in request.prompt_ids if not 0 <= t < vocab]:
-            raise EngineError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        wire = self._wire(request)  # EngineError for a token id outside the vocabulary
         self.health.check()  # EndpointDownError while the endpoint is down and its retry has not come
         with self._lock:
             self._counters["requests"] += 1
             handle = RemoteHandle(request, self._counters["requests"])
             self._inflight.add(handle)
-        self._workers.submit(self._run, handle)
+        self._write_early(handle, wire)
+        self._workers.submit(self._run, handle, wire)
         return handle
 
     def complete(self, request: CompletionRequest, timeout: float | None = None) -> Completion:
@@ -188,10 +196,9 @@ class RemoteBackend:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._key}"} if self._key else {}
 
-    def _body(self, ids: list[int], request: CompletionRequest) -> dict[str, Any]:
+    def _body(self, request: CompletionRequest) -> dict[str, Any]:
         p = request.params
         body: dict[str, Any] = {
-            "prompt": ids if self.config.token_ids else self._as_text(ids),
             "max_tokens": p.max_tokens,
             "temperature": p.temperature,
             "top_p": p.top_p,
@@ -207,38 +214,65 @@ class RemoteBackend:
             body["seed"] = p.seed
         if self.config.token_ids:  # ask for the generated ids: llama.cpp logprobs ids, vLLM token ids
             body.update(logprobs=1, return_token_ids=True, return_tokens_as_token_ids=True)
-        return {**self.config.extra, **body}  # the extra fields cannot change what the backend relies on
+        extra = {k: v for k, v in self.config.extra.items() if k != "prompt"}
+        return {**extra, **body}  # the extra fields cannot change what the backend relies on
 
     def _as_text(self, ids: list[int]) -> str:
+        vocab = self.tokenizer.vocab_size
+        if bad := [t for t in ids if not 0 <= t < vocab]:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         if ids and ids[0] == self.tokenizer.bos_id:
             ids = ids[1:]  # the endpoint adds BOS itself when it tokenises a text prompt
         return str(self._text_tokenizer.decode(ids, skip_special_tokens=False))
 
-    def _run(self, handle: RemoteHandle) -> None:
-        request = handle.request
-        started = time.perf_counter()
-        decoder = StreamDecoder(self.tokenizer, request.params.stop, lambda ev: handle._publish(event=ev))
+    def _wire(self, request: CompletionRequest) -> _Wire:
+        """The request as it goes out: the prompt with the healed tokens, as an HTTP POST. Token ids are
+        encoded (and checked against the vocabulary) only past the document's previous prompt."""
+        clock = _Stages()
         heal_ids = self.tokenizer.encode(request.heal_text) if request.heal_text else []
-        ids = list(request.prompt_ids) + heal_ids
-        decoder.healed(heal_ids)
-        clock = _Stages(handle.submitted_at, started)
-        data = encode_json(self._body(ids, request))
+        ids = [*request.prompt_ids, *heal_ids]
+        try:
+            if self.config.token_ids:
+                prompt = self._prompts.encode(request.slot_key, ids)
+            else:
+                prompt = encode_json(self._as_text(ids))
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        body = b'{"prompt":' + prompt + b"," + encode_json(self._body(request))[1:]
+        data = post_bytes(self.endpoint, self.endpoint.path("/v1/completions"), self._headers(), body)
         clock.mark("encode")
+        return _Wire(ids, heal_ids, data, len(data) - len(body), clock=clock)
+
+    def _write_early(self, handle: RemoteHandle, wire: _Wire) -> None:
+        """Writes the request now, on the submitting thread, when an idle connection is at hand: the
+        endpoint starts on the keystroke while a worker thread wakes up to read the answer."""
+        conn = self._pool.take()
+        if conn is not None:
+            handle.attach(conn)
+            try:
+                wire.sent = send_now(conn, wire.data)
+            except OSError:  # closed by the server just now: the worker opens another
+                handle.attach(None)
+                conn.close()
+            wire.clock.mark("write")
+
+    def _run(self, handle: RemoteHandle, wire: _Wire) -> None:
+        request = handle.request
+        started, clock = handle.submitted_at, wire.clock
+        decoder = StreamDecoder(self.tokenizer, request.params.stop, lambda ev: handle._publish(event=ev))
+        decoder.healed(wire.heal_ids)
+        self._pool.replenish()  # if this request took the spare: another, while the endpoint works
         ttft: float | None = None
         error: str | None = None
         stop: StopReason
-        conn = None
+        conn = handle.connection
         try:
             if handle.cancelled:
                 raise _Cancelled
-            conn = self._pool.acquire()
-            handle.attach(conn)
-            set_read_timeout(conn, self._timeout(request, self.config.first_token_timeout_s))
-            clock.mark("connection")
-            path = self.endpoint.path("/v1/completions")
-            send_json(conn, "POST", path, self._headers(), data)
-            clock.mark("write")
-            response = conn.getresponse()
+            if conn is None:
+                conn = self._pool.acquire()  # connects now: the keystroke waits for a handshake
+                handle.attach(conn)
+            conn, response = self._response(handle, conn, wire)
             clock.mark("response")
             check_status(response)
             for event in sse_events(response):
@@ -246,7 +280,7 @@ class RemoteBackend:
                     clock.mark("firstChunk")  # the chunk that carries the first text is the last marked
                 before = decoder.count
                 decoder.feed(parse_chunk(event))
-                if ttft is None and decoder.count > len(heal_ids) and decoder.count > before:
+                if ttft is None and decoder.count > len(wire.heal_ids) and decoder.count > before:
                     ttft = time.perf_counter() - started
                     clock.mark("parse")
                 if decoder.stopped:
@@ -254,7 +288,10 @@ class RemoteBackend:
                 set_read_timeout(conn, self._timeout(request, self.config.read_timeout_s))
             stop = decoder.stop_reason(request.params.stop)
             handle.attach(None)
-            self._pool.release(conn)
+            if response.will_close:
+                conn.close()
+            else:
+                self._pool.release(conn)
             conn = None
             self.health.succeeded(completion=True)
         except _Cancelled:
@@ -266,10 +303,11 @@ class RemoteBackend:
                 handle.attach(None)
                 abort(conn)
                 conn.close()
+            self._pool.replenish()
         text = decoder.finish()
-        self._finish(handle, decoder, text, ids, started, ttft, stop, error)
+        self._finish(handle, decoder, text, wire.ids, started, ttft, stop, error)
         if self._trace is not None:  # after the stream: the trace costs the keystroke nothing
-            self._write_trace(handle, data, clock.ms if ttft is not None else None)
+            self._write_trace(handle, wire.data[wire.head :], clock.ms if ttft is not None else None)
 
     def _write_trace(self, handle: RemoteHandle, data: bytes, stages: dict[str, float] | None) -> None:
         assert self._trace is not None
@@ -277,6 +315,30 @@ class RemoteBackend:
         line = json.dumps(head).encode()[:-1] + b',"body":%s}\n' % data
         with self._lock, open(self._trace, "ab") as f:
             f.write(line)
+
+    def _response(
+        self, handle: RemoteHandle, conn: http.client.HTTPConnection, wire: _Wire
+    ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        """Writes what is left of the request and reads the response's head. A kept-alive connection
+        that the server closed just as it was taken fails before any answer: the request then goes once
+        more, on a new connection (nothing of it was streamed yet)."""
+        retried = False
+        while True:
+            set_read_timeout(conn, self._timeout(handle.request, self.config.first_token_timeout_s))
+            try:
+                if wire.sent < len(wire.data):
+                    assert conn.sock is not None
+                    conn.sock.sendall(memoryview(wire.data)[wire.sent :])
+                    wire.clock.mark("write")
+                return conn, read_response(conn)
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                if retried or handle.cancelled:
+                    raise
+            retried = True
+            handle.attach(None)
+            conn.close()
+            conn, wire.sent = self._pool.acquire(), 0
+            handle.attach(conn)
 
     def _timeout(self, request: CompletionRequest, seconds: float) -> float:
         if request.deadline is None:
@@ -348,6 +410,7 @@ class RemoteBackend:
                 conn.close()
             raise RemoteError(self._describe(exc)) from exc
         self._pool.release(conn)
+        self._pool.replenish()  # the spare connection the first keystroke will find
         models = model_ids(listing)
         if self.model is None and models:
             self.model = models[0]
@@ -356,16 +419,29 @@ class RemoteBackend:
 
 
 class _Stages:
-    """Where a request's time went up to its first text (ms per stage), for the trace."""
+    """Where a request's time went up to its first text (ms per stage, in the order they came), for the
+    trace."""
 
-    def __init__(self, submitted: float, started: float) -> None:
-        self.ms = {"queue": 1e3 * (started - submitted)}
-        self._last = started
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        self._last = time.perf_counter()
 
     def mark(self, stage: str) -> None:
         now = time.perf_counter()
         self.ms[stage] = self.ms.get(stage, 0.0) + 1e3 * (now - self._last)
         self._last = now
+
+
+@dataclass
+class _Wire:
+    """A request as sent: its prompt with the healed tokens, its bytes, how many went out on submit."""
+
+    ids: list[int]
+    heal_ids: list[int]
+    data: bytes  # the HTTP request
+    head: int  # bytes of it before the body
+    sent: int = 0
+    clock: _Stages = field(default_factory=_Stages)
 
 
 class _Cancelled(Exception):
