@@ -14,6 +14,7 @@ import argparse
 import sys
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -46,7 +47,7 @@ def floor_ms(cfg: ModelConfig, new: int, prefix: int, weight_bytes: float, copy_
     return (weight_bytes + kv) / (copy_tbps * 1e9)
 
 
-def seeded_dense(cfg: ModelConfig, device: torch.device) -> Any:
+def seeded_dense(cfg: ModelConfig, device: torch.device) -> Callable[[str], torch.Tensor]:
     """name -> bf16 tensor, the same values on every call (a generator seeded by the name)."""
     shapes = expected_shapes(cfg)
 
