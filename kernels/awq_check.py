@@ -91,11 +91,13 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
         blocks = triton.cdiv(n // 8, 128)
         for per_sm in (1, 4):  # partials summed by the last share instead of atomics: at most 32 shares
             yield GemvTiles(8, split_for(blocks, k // group, per_sm), 1, 1, 1, atomic=False)
-    for bn, bk, warps, stages in ((256, 64, 4, 3), (256, 128, 4, 2), (256, 32, 4, 4), (512, 64, 8, 3),
-                                  (128, 64, 2, 3)):  # fmt: skip
-        for per_sm in (2, 4):
+    for bn, bk, warps, stages, pairs in ((256, 64, 4, 3, False), (256, 128, 4, 2, False),
+                                         (256, 32, 4, 4, False), (512, 64, 8, 3, False),
+                                         (128, 64, 2, 3, False), (256, 64, 4, 3, True),
+                                         (256, 128, 4, 2, True)):  # fmt: skip
+        for per_sm in (2, 4) if (bn, bk, warps) == (256, 64, 4) else (4,):
             split = split_for(triton.cdiv(n, bn), k // group, per_sm)
-            yield AwqTiles(16, bn, min(bk, group), split, warps, stages)
+            yield AwqTiles(16, bn, min(bk, group), split, warps, stages, pairs)
 
 
 def name_of(t: Tiles) -> str:
@@ -104,7 +106,8 @@ def name_of(t: Tiles) -> str:
     if isinstance(t, GemvTiles):
         how = "" if t.atomic else "/lastsum"
         return f"gemv k{t.block_k}/s{t.split_k}/w{t.num_warps}/sub{t.sub}/st{t.num_stages}{how}"
-    return f"tc n{t.block_n}/k{t.block_k}/s{t.split_k}/w{t.num_warps}/st{t.num_stages}"
+    pairs = "/pairs" if t.pairs else ""
+    return f"tc n{t.block_n}/k{t.block_k}/s{t.split_k}/w{t.num_warps}/st{t.num_stages}{pairs}"
 
 
 def skinny_rows(

@@ -54,6 +54,42 @@ class AwqTiles:
     split_k: int = 1
     num_warps: int = 4
     num_stages: int = 3
+    pairs: bool = False  # bf16 on the GPU: unit_pair_bf16 (inline PTX, so never under the interpreter)
+
+
+# Nibbles i and i + 4 of a word (columns 2c, 2c + 1 in AWQ's order) sit 16 bits apart: one shift puts
+# both under the bf16 mantissa's top (bits 3..6 and 19..22), one LOP3 masks them and ors in 1.0 twice.
+_PAIR = "{ .reg .b32 t; %s.b32 t, $2, %d; lop3.b32 t, t, 0x00780078, 0x3F803F80, 0xea; mov.b32 {$0, $1}, t; }"
+PAIR_ASM0 = tl.constexpr(_PAIR % ("shl", 3))
+PAIR_ASM1 = tl.constexpr(_PAIR % ("shr", 1))
+PAIR_ASM2 = tl.constexpr(_PAIR % ("shr", 5))
+PAIR_ASM3 = tl.constexpr(_PAIR % ("shr", 9))
+
+
+@triton.jit
+def _pair(w, ASM: tl.constexpr):
+    return tl.inline_asm_elementwise(
+        ASM, "=h,=h,r", [w], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _pair_dots(x, w, d0, d1, d2, d3, d4, d5, d6, d7, PRECISION: tl.constexpr):
+    """The eight nibble dots with unit values made two at a time (bf16, GPU only): two instructions per two
+    weights, where unit_dot takes two and a PRMT per weight."""
+    v0, v4 = _pair(w, PAIR_ASM0)
+    v1, v5 = _pair(w, PAIR_ASM1)
+    v2, v6 = _pair(w, PAIR_ASM2)
+    v3, v7 = _pair(w, PAIR_ASM3)
+    d0 = tl.dot(x, v0, d0, input_precision=PRECISION)
+    d1 = tl.dot(x, v1, d1, input_precision=PRECISION)
+    d2 = tl.dot(x, v2, d2, input_precision=PRECISION)
+    d3 = tl.dot(x, v3, d3, input_precision=PRECISION)
+    d4 = tl.dot(x, v4, d4, input_precision=PRECISION)
+    d5 = tl.dot(x, v5, d5, input_precision=PRECISION)
+    d6 = tl.dot(x, v6, d6, input_precision=PRECISION)
+    d7 = tl.dot(x, v7, d7, input_precision=PRECISION)
+    return d0, d1, d2, d3, d4, d5, d6, d7
 
 
 @triton.jit
@@ -89,6 +125,7 @@ def _awq_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     KIND: tl.constexpr,
+    PAIRS: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -130,14 +167,17 @@ def _awq_kernel(
             xs += tl.sum(x.to(tl.float32), axis=1)
             if KIND == 0:
                 x = x.to(tl.float32)
-            d0 = tl.dot(x, unit_dot(w, 0, KIND), d0, input_precision=PRECISION)
-            d1 = tl.dot(x, unit_dot(w, 1, KIND), d1, input_precision=PRECISION)
-            d2 = tl.dot(x, unit_dot(w, 2, KIND), d2, input_precision=PRECISION)
-            d3 = tl.dot(x, unit_dot(w, 3, KIND), d3, input_precision=PRECISION)
-            d4 = tl.dot(x, unit_dot(w, 4, KIND), d4, input_precision=PRECISION)
-            d5 = tl.dot(x, unit_dot(w, 5, KIND), d5, input_precision=PRECISION)
-            d6 = tl.dot(x, unit_dot(w, 6, KIND), d6, input_precision=PRECISION)
-            d7 = tl.dot(x, unit_dot(w, 7, KIND), d7, input_precision=PRECISION)
+            if PAIRS:
+                d0, d1, d2, d3, d4, d5, d6, d7 = _pair_dots(x, w, d0, d1, d2, d3, d4, d5, d6, d7, PRECISION)
+            else:
+                d0 = tl.dot(x, unit_dot(w, 0, KIND), d0, input_precision=PRECISION)
+                d1 = tl.dot(x, unit_dot(w, 1, KIND), d1, input_precision=PRECISION)
+                d2 = tl.dot(x, unit_dot(w, 2, KIND), d2, input_precision=PRECISION)
+                d3 = tl.dot(x, unit_dot(w, 3, KIND), d3, input_precision=PRECISION)
+                d4 = tl.dot(x, unit_dot(w, 4, KIND), d4, input_precision=PRECISION)
+                d5 = tl.dot(x, unit_dot(w, 5, KIND), d5, input_precision=PRECISION)
+                d6 = tl.dot(x, unit_dot(w, 6, KIND), d6, input_precision=PRECISION)
+                d7 = tl.dot(x, unit_dot(w, 7, KIND), d7, input_precision=PRECISION)
         zw = tl.load(qz_ptr + g * words + rw, mask=w_ok, other=0)  # (BLOCK_W,)
         srow = s_ptr + g * N + rw * 8  # scales of the words' first columns
         a0 += group_term(d0, xs, zw, srow, w_ok, 0)
@@ -225,10 +265,11 @@ def _launch(
             raise ValueError(f"workspace too small for split_k {split}, M {m}, N {n}")
         part, counts = workspace.partials, workspace.counts
     upcast = dot_operands_fp32(x.dtype)
+    pairs = tiles.pairs and x.dtype == torch.bfloat16 and not interpreting()
     _awq_kernel[(m_blocks * n_blocks, split)](
         x, qweight, qzeros, scales, out, part, counts, m, n, k, words, groups, per_split,
         GROUP=group, BLOCK_M=tiles.block_m, BLOCK_W=block_w, BLOCK_K=tiles.block_k, SPLIT_K=split,
-        KIND=0 if upcast else KIND[x.dtype], PRECISION=dot_precision(x.dtype), PDL=pdl,
+        KIND=0 if upcast else KIND[x.dtype], PAIRS=pairs, PRECISION=dot_precision(x.dtype), PDL=pdl,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **launch_options(pdl),
     )  # fmt: skip
     return out
