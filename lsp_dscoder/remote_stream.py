@@ -102,6 +102,7 @@ class StreamDecoder:
         self._stops = StopStringFilter(stop)
         self._emit = emit
         self.token_ids: list[int] = []
+        self._held: list[TokenEvent] = []  # the healed tokens' events, until the first chunk
         self.count = 0  # events that carried generated text or a token
         self.stopped = False  # a stop string was found
         self.finish_reason: str | None = None
@@ -110,17 +111,24 @@ class StreamDecoder:
 
     def healed(self, heal_ids: list[int]) -> None:
         """The tokens that spell the typed text the prompt builder left for healing: part of the
-        completion's tokens (the endpoint's cache holds them), not of its text."""
+        completion's tokens (the endpoint's cache holds them), not of its text. Their events go out with
+        the first chunk's: while the endpoint works, the server's threads leave the CPU to it."""
         for token in heal_ids:
             self.token_ids.append(token)
             piece = self._decoder.push(token)
-            self._emit(TokenEvent(index=len(self.token_ids) - 1, token_id=token, text="", piece=piece))
+            self._held.append(TokenEvent(index=len(self.token_ids) - 1, token_id=token, text="", piece=piece))
             self.count += 1
+
+    def _release_held(self) -> None:
+        for event in self._held:
+            self._emit(event)
+        self._held.clear()
 
     def feed(self, chunk: Chunk) -> None:
         self.timings = chunk.timings or self.timings
         self.usage = chunk.usage or self.usage
         self.finish_reason = chunk.finish_reason or self.finish_reason
+        self._release_held()
         if self.stopped:
             return
         if chunk.token_ids is None:
@@ -144,6 +152,7 @@ class StreamDecoder:
 
     def finish(self) -> str:
         """Emits what is held back; returns the completion's text."""
+        self._release_held()
         if not self.stopped:
             tail = self._stops.push(self._decoder.flush())[0] + self._stops.flush()
             if tail:
