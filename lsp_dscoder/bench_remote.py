@@ -36,7 +36,7 @@ from urllib.parse import urlsplit
 from lsp_dscoder.bench_protocol import SIZES, Plan, bench_server
 from lsp_dscoder.bench_report import _dist
 from lsp_dscoder.bundled import default_model_path
-from lsp_dscoder.remote import TRACE_ENV
+from lsp_dscoder.remote_wire import TRACE_ENV
 
 
 def llama_dir() -> Path:

@@ -4,8 +4,10 @@ server) through `/v1/completions` with `stream: true`, behind the same API as th
 The prompt is built locally with the checkpoint's tokenizer, exactly as for the in-process engine, and
 sent as token ids (vLLM and llama.cpp accept them) or as text. Typing only appends to it, so the engine's
 prefix cache (vLLM's automatic prefix caching, SGLang's radix cache, llama.cpp's `cache_prompt`) serves
-each keystroke. Each request runs on a worker thread holding a keep-alive connection; cancelling cuts its
-connection at once, which is how an HTTP client tells these engines to stop generating.
+each keystroke. A request is written by the thread that submits it, on a connection opened ahead of need
+(remote_wire.py builds it, encoding only what the keystroke changed), and its stream is read on a worker
+thread; cancelling cuts its connection at once, which is how an HTTP client tells these engines to stop
+generating.
 
 Token healing: the endpoints offer no portable way to constrain the first tokens to those spelling a
 text (OpenAI's `logit_bias` would have to ban most of the vocabulary, for every token). The typed text
@@ -24,21 +26,17 @@ import asyncio
 import concurrent.futures
 import contextlib
 import http.client
-import json
 import logging
 import os
-import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from lsp_dscoder.engine.api import Completion, CompletionRequest, StopReason
 from lsp_dscoder.engine.checkpoint import resolve_model
-from lsp_dscoder.engine.engine import CompletionHandle
 from lsp_dscoder.engine.errors import ContextOverflowError, EngineClosedError, EngineError
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.remote_config import RemoteConfig
@@ -47,13 +45,12 @@ from lsp_dscoder.remote_http import (
     ConnectionPool,
     Endpoint,
     HttpStatusError,
-    PromptIds,
     RemoteError,
+    RemoteHandle,
     abort,
     check_status,
-    encode_json,
+    describe,
     model_ids,
-    post_bytes,
     read_response,
     request_json,
     send_now,
@@ -61,38 +58,12 @@ from lsp_dscoder.remote_http import (
     sse_events,
 )
 from lsp_dscoder.remote_stream import StreamDecoder, parse_chunk
+from lsp_dscoder.remote_wire import TRACE_ENV, RequestWriter, Wire
 from lsp_dscoder.settings import Settings
 
 log = logging.getLogger(__name__)
 
-TRACE_ENV = "LSP_DSCODER_REMOTE_TRACE"
 _WORKERS = 8  # requests in flight at once (one per document being completed, and probes)
-
-
-class RemoteHandle(CompletionHandle):
-    """A CompletionHandle whose cancel also cuts the HTTP stream, so the engine stops at once."""
-
-    def __init__(self, request: CompletionRequest, seq: int) -> None:
-        super().__init__(request)
-        self.seq = seq  # the backend's count of requests when this one came
-        self._conn_lock = threading.Lock()
-        self._conn: http.client.HTTPConnection | None = None
-
-    def cancel(self) -> None:
-        super().cancel()
-        with self._conn_lock:
-            if self._conn is not None:
-                abort(self._conn)
-
-    @property
-    def connection(self) -> http.client.HTTPConnection | None:
-        return self._conn
-
-    def attach(self, conn: http.client.HTTPConnection | None) -> None:
-        with self._conn_lock:
-            self._conn = conn
-            if conn is not None and self.cancelled:
-                abort(conn)
 
 
 class RemoteBackend:
@@ -103,13 +74,8 @@ class RemoteBackend:
         self.endpoint = Endpoint.parse(config.endpoint)
         self.tokenizer = Tokenizer(config.tokenizer)
         self.max_context = config.max_context
-        self._text_tokenizer: Any = None
-        if not config.token_ids:  # decoding a prompt to text keeps its FIM tokens
-            from tokenizers import Tokenizer as HFTokenizer
-
-            self._text_tokenizer = HFTokenizer.from_file(str(config.tokenizer / "tokenizer.json"))
-        self._key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
-        if config.api_key_env and not self._key:
+        key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
+        if config.api_key_env and not key:
             log.warning(
                 "environment variable %s is empty: requests go without an API key", config.api_key_env
             )
@@ -128,9 +94,8 @@ class RemoteBackend:
             0,
         )  # fmt: skip
         self._ttfts: deque[float] = deque(maxlen=1000)
-        # each request's body and stage times, appended as a JSON line: `bench --backend remote` replays them
         self._trace = os.environ.get(TRACE_ENV) or None
-        self._prompts = PromptIds(self.tokenizer.vocab_size)
+        self._writer = RequestWriter(config, self.endpoint, self.tokenizer, key)
         self._last_backend: dict[str, Any] | None = None
         self.health.start()  # probes now (a keep-alive connection for the first keystroke), then on failure
 
@@ -143,7 +108,7 @@ class RemoteBackend:
             raise EngineError("empty prompt: at least one token (e.g. BOS) is required")
         if n > self.max_context:
             raise ContextOverflowError(f"prompt of {n} tokens exceeds the max context of {self.max_context}")
-        wire = self._wire(request)  # EngineError for a token id outside the vocabulary
+        wire = self._writer.wire(request, self.model)  # EngineError for a token id outside the vocabulary
         self.health.check()  # EndpointDownError while the endpoint is down and its retry has not come
         with self._lock:
             self._counters["requests"] += 1
@@ -193,57 +158,7 @@ class RemoteBackend:
             with contextlib.suppress(RuntimeError):  # shut down meanwhile: nothing to warm up for
                 self._workers.submit(task)
 
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._key}"} if self._key else {}
-
-    def _body(self, request: CompletionRequest) -> dict[str, Any]:
-        p = request.params
-        body: dict[str, Any] = {
-            "max_tokens": p.max_tokens,
-            "temperature": p.temperature,
-            "top_p": p.top_p,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "cache_prompt": True,  # llama.cpp: reuse the slot's KV for the common prefix
-        }
-        if self.model:
-            body["model"] = self.model
-        if p.stop:
-            body["stop"] = list(p.stop)  # the engine stops generating; the stop filter here is exact
-        if p.seed is not None:
-            body["seed"] = p.seed
-        if self.config.token_ids:  # ask for the generated ids: llama.cpp logprobs ids, vLLM token ids
-            body.update(logprobs=1, return_token_ids=True, return_tokens_as_token_ids=True)
-        extra = {k: v for k, v in self.config.extra.items() if k != "prompt"}
-        return {**extra, **body}  # the extra fields cannot change what the backend relies on
-
-    def _as_text(self, ids: list[int]) -> str:
-        vocab = self.tokenizer.vocab_size
-        if bad := [t for t in ids if not 0 <= t < vocab]:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-        if ids and ids[0] == self.tokenizer.bos_id:
-            ids = ids[1:]  # the endpoint adds BOS itself when it tokenises a text prompt
-        return str(self._text_tokenizer.decode(ids, skip_special_tokens=False))
-
-    def _wire(self, request: CompletionRequest) -> _Wire:
-        """The request as it goes out: the prompt with the healed tokens, as an HTTP POST. Token ids are
-        encoded (and checked against the vocabulary) only past the document's previous prompt."""
-        clock = _Stages()
-        heal_ids = self.tokenizer.encode(request.heal_text) if request.heal_text else []
-        ids = [*request.prompt_ids, *heal_ids]
-        try:
-            if self.config.token_ids:
-                prompt = self._prompts.encode(request.slot_key, ids)
-            else:
-                prompt = encode_json(self._as_text(ids))
-        except ValueError as exc:
-            raise EngineError(str(exc)) from None
-        body = b'{"prompt":' + prompt + b"," + encode_json(self._body(request))[1:]
-        data = post_bytes(self.endpoint, self.endpoint.path("/v1/completions"), self._headers(), body)
-        clock.mark("encode")
-        return _Wire(ids, heal_ids, data, len(data) - len(body), clock=clock)
-
-    def _write_early(self, handle: RemoteHandle, wire: _Wire) -> None:
+    def _write_early(self, handle: RemoteHandle, wire: Wire) -> None:
         """Writes the request now, on the submitting thread, when an idle connection is at hand: the
         endpoint starts on the keystroke while a worker thread wakes up to read the answer."""
         conn = self._pool.take()
@@ -256,7 +171,7 @@ class RemoteBackend:
                 conn.close()
             wire.clock.mark("write")
 
-    def _run(self, handle: RemoteHandle, wire: _Wire) -> None:
+    def _run(self, handle: RemoteHandle, wire: Wire) -> None:
         request = handle.request
         started, clock = handle.submitted_at, wire.clock
         decoder = StreamDecoder(self.tokenizer, request.params.stop, lambda ev: handle._publish(event=ev))
@@ -307,17 +222,12 @@ class RemoteBackend:
         text = decoder.finish()
         self._finish(handle, decoder, text, wire.ids, started, ttft, stop, error)
         if self._trace is not None:  # after the stream: the trace costs the keystroke nothing
-            self._write_trace(handle, wire.data[wire.head :], clock.ms if ttft is not None else None)
-
-    def _write_trace(self, handle: RemoteHandle, data: bytes, stages: dict[str, float] | None) -> None:
-        assert self._trace is not None
-        head = {"seq": handle.seq, "submitted": handle.submitted_at, "stagesMs": stages}
-        line = json.dumps(head).encode()[:-1] + b',"body":%s}\n' % data
-        with self._lock, open(self._trace, "ab") as f:
-            f.write(line)
+            line = wire.trace_line(handle.seq, handle.submitted_at, ttft is not None)
+            with self._lock, open(self._trace, "ab") as f:
+                f.write(line)
 
     def _response(
-        self, handle: RemoteHandle, conn: http.client.HTTPConnection, wire: _Wire
+        self, handle: RemoteHandle, conn: http.client.HTTPConnection, wire: Wire
     ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
         """Writes what is left of the request and reads the response's head. A kept-alive connection
         that the server closed just as it was taken fails before any answer: the request then goes once
@@ -352,7 +262,7 @@ class RemoteBackend:
             return StopReason.CANCELLED, None
         if request.deadline is not None and time.monotonic() >= request.deadline:
             return StopReason.DEADLINE, None
-        message = self._describe(exc)
+        message = describe(self.endpoint, exc)
         if isinstance(exc, HttpStatusError) and 400 <= exc.status < 500 and exc.status not in (408, 429):
             self.health.refused(message)  # the request or the configuration is wrong, not the endpoint
         else:
@@ -387,28 +297,19 @@ class RemoteBackend:
         result = Completion(text=text, token_ids=tuple(decoder.token_ids), stats=stats, error=error)
         handle._publish(result=result)
 
-    def _describe(self, exc: BaseException) -> str:
-        if isinstance(exc, socket.timeout | TimeoutError):
-            return f"{self.endpoint} did not answer in time"
-        if isinstance(exc, ConnectionRefusedError):
-            return f"nothing is listening at {self.endpoint}"
-        if isinstance(exc, RemoteError):
-            return f"{self.endpoint}: {exc}"
-        return f"{self.endpoint}: {type(exc).__name__}: {exc}"
-
     def _probe(self) -> None:
         """GET /v1/models: RemoteError when the endpoint is not serving; learns the model name if unset."""
         conn = None
         try:
             conn = self._pool.acquire()
             set_read_timeout(conn, self.config.first_token_timeout_s)
-            response = request_json(conn, "GET", self.endpoint.path("/v1/models"), self._headers())
+            response = request_json(conn, "GET", self.endpoint.path("/v1/models"), self._writer.headers())
             check_status(response)
             listing = response.read()
         except (OSError, http.client.HTTPException, RemoteError) as exc:
             if conn is not None:
                 conn.close()
-            raise RemoteError(self._describe(exc)) from exc
+            raise RemoteError(describe(self.endpoint, exc)) from exc
         self._pool.release(conn)
         self._pool.replenish()  # the spare connection the first keystroke will find
         models = model_ids(listing)
@@ -416,32 +317,6 @@ class RemoteBackend:
             self.model = models[0]
         elif self.model is not None and models and self.model not in models:
             log.warning("%s serves %s, not %r", self.endpoint, ", ".join(models), self.model)
-
-
-class _Stages:
-    """Where a request's time went up to its first text (ms per stage, in the order they came), for the
-    trace."""
-
-    def __init__(self) -> None:
-        self.ms: dict[str, float] = {}
-        self._last = time.perf_counter()
-
-    def mark(self, stage: str) -> None:
-        now = time.perf_counter()
-        self.ms[stage] = self.ms.get(stage, 0.0) + 1e3 * (now - self._last)
-        self._last = now
-
-
-@dataclass
-class _Wire:
-    """A request as sent: its prompt with the healed tokens, its bytes, how many went out on submit."""
-
-    ids: list[int]
-    heal_ids: list[int]
-    data: bytes  # the HTTP request
-    head: int  # bytes of it before the body
-    sent: int = 0
-    clock: _Stages = field(default_factory=_Stages)
 
 
 class _Cancelled(Exception):

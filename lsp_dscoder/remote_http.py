@@ -1,28 +1,30 @@
-"""The remote backend's HTTP: an endpoint URL, a pool of keep-alive connections, and server-sent events.
+"""The remote backend's HTTP: an endpoint URL, a pool of keep-alive connections, a request handle whose
+cancel cuts its connection, and server-sent events.
 
-Plain `http.client` on the backend's worker threads: no dependency, and a stream is stopped at once by
-shutting its socket down from the thread that cancels (the engine then sees the client go away and stops
-generating). A connection is reused while the server keeps it open; one that the server closed while it
-sat idle is noticed before the request is written (its socket reads as at end of file), so a stale
-connection never costs a request.
+Plain sockets and `http.client`'s response parser: no dependency. A request is written straight to the
+socket (by the submitting thread when a connection is idle, see remote.py); its stream is read on a worker
+thread and stopped at once by shutting the socket down from the thread that cancels (the engine then sees
+the client go away and stops generating). A connection is reused while the server keeps it open; one that
+the server closed while it sat idle is noticed before the request is written (its socket reads as at end
+of file).
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
-import itertools
 import json
 import select
 import socket
 import ssl
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from lsp_dscoder.engine.api import CompletionRequest
+from lsp_dscoder.engine.engine import CompletionHandle
 from lsp_dscoder.engine.errors import EngineError
 
 _IDLE_MAX = 4  # kept-alive connections per endpoint; more requests at once than this open new ones
@@ -177,6 +179,43 @@ class ConnectionPool:
             conn.close()
 
 
+class RemoteHandle(CompletionHandle):
+    """A CompletionHandle whose cancel also cuts the HTTP stream, so the engine stops at once."""
+
+    def __init__(self, request: CompletionRequest, seq: int) -> None:
+        super().__init__(request)
+        self.seq = seq  # the backend's count of requests when this one came
+        self._conn_lock = threading.Lock()
+        self._conn: http.client.HTTPConnection | None = None
+
+    def cancel(self) -> None:
+        super().cancel()
+        with self._conn_lock:
+            if self._conn is not None:
+                abort(self._conn)
+
+    @property
+    def connection(self) -> http.client.HTTPConnection | None:
+        return self._conn
+
+    def attach(self, conn: http.client.HTTPConnection | None) -> None:
+        with self._conn_lock:
+            self._conn = conn
+            if conn is not None and self.cancelled:
+                abort(conn)
+
+
+def describe(endpoint: Endpoint, exc: BaseException) -> str:
+    """What went wrong, for the log and the user."""
+    if isinstance(exc, socket.timeout | TimeoutError):
+        return f"{endpoint} did not answer in time"
+    if isinstance(exc, ConnectionRefusedError):
+        return f"nothing is listening at {endpoint}"
+    if isinstance(exc, RemoteError):
+        return f"{endpoint}: {exc}"
+    return f"{endpoint}: {type(exc).__name__}: {exc}"
+
+
 def abort(conn: http.client.HTTPConnection) -> None:
     """Cut a connection from another thread: a read blocked on it returns at once."""
     sock = conn.sock
@@ -192,66 +231,6 @@ def set_read_timeout(conn: http.client.HTTPConnection, seconds: float) -> None:
 
 def encode_json(body: Any) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
-
-
-class PromptIds:
-    """The JSON text of token-id prompts, encoding (and range-checking) per document only the ids after
-    those it shares with that document's previous prompt: a keystroke adds a token or two to a prompt of
-    thousands, whose encoding anew would cost ~0.1 ms per thousand ids."""
-
-    def __init__(self, vocab_size: int, documents: int = 8) -> None:
-        self._vocab = vocab_size
-        # document -> (its last ids, their text with a comma after each id, where each id's comma ends)
-        self._last: OrderedDict[object, tuple[list[int], str, list[int]]] = OrderedDict()
-        self._documents = documents
-
-    def encode(self, key: object, ids: list[int]) -> bytes:
-        """`ids` as a JSON array; `key` names the document. ValueError for an id outside the vocabulary."""
-        old_ids, text, ends = self._last.pop(key, ([], "", []))
-        same = common_prefix(old_ids, ids)
-        del ends[same:]
-        tail = ids[same:]
-        if tail and (min(tail) < 0 or max(tail) >= self._vocab):
-            bad = next(t for t in tail if not 0 <= t < self._vocab)
-            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self._vocab - 1})")
-        pieces = [f"{t}," for t in tail]
-        text = text[: ends[-1] if ends else 0] + "".join(pieces)
-        ends.extend(itertools.accumulate(map(len, pieces), initial=ends[-1] if ends else 0))
-        del ends[same]  # accumulate's initial value, already there (or the 0 before the first id)
-        self._last[key] = (ids, text, ends)
-        if len(self._last) > self._documents:
-            self._last.popitem(last=False)
-        return b"[" + text[:-1].encode() + b"]"
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix. Typing appends, so the answer is nearly always within the
-    last few tokens of the shorter list: one comparison of whole slices (in C) settles the bulk."""
-    n = min(len(a), len(b))
-    lo, hi = 0, n  # a[:lo] == b[:lo]; the first difference is before hi
-    bulk = max(0, n - 16)
-    if a[:bulk] == b[:bulk]:
-        lo = bulk
-    else:
-        hi = bulk
-        while hi - lo > 16:
-            mid = (lo + hi) // 2
-            if a[lo:mid] == b[lo:mid]:
-                lo = mid
-            else:
-                hi = mid
-    while lo < hi and a[lo] == b[lo]:
-        lo += 1
-    return lo
-
-
-def post_bytes(endpoint: Endpoint, path: str, headers: dict[str, str], body: bytes) -> bytes:
-    """A whole HTTP/1.1 POST of a JSON body, ready for one send."""
-    host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
-    head = [f"POST {path} HTTP/1.1", f"Host: {host}:{endpoint.port}", "Accept: text/event-stream"]
-    head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
-    head += [f"{k}: {v}" for k, v in headers.items()]
-    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
 def send_now(conn: http.client.HTTPConnection, data: bytes) -> int:

@@ -1,0 +1,177 @@
+"""What the remote backend sends: a completion request as the bytes of one HTTP POST, built so that a
+keystroke costs work proportional to its edit (token ids are encoded past the document's previous prompt
+only), and the time each stage of a request took, for the trace `lsp-dscoder bench --backend remote`
+replays (`LSP_DSCODER_REMOTE_TRACE`: each request's body and stage times, appended as a JSON line after
+its stream ends).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lsp_dscoder.engine.api import CompletionRequest
+from lsp_dscoder.engine.errors import EngineError
+from lsp_dscoder.engine.tokenizer import Tokenizer
+from lsp_dscoder.remote_config import RemoteConfig
+from lsp_dscoder.remote_http import Endpoint, encode_json
+
+TRACE_ENV = "LSP_DSCODER_REMOTE_TRACE"
+
+
+class Stages:
+    """Where a request's time went up to its first text (ms per stage, in the order they came)."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.ms[stage] = self.ms.get(stage, 0.0) + 1e3 * (now - self._last)
+        self._last = now
+
+
+@dataclass
+class Wire:
+    """A request as sent: its prompt with the healed tokens, its bytes, how many went out on submit."""
+
+    ids: list[int]
+    heal_ids: list[int]
+    data: bytes  # the HTTP request
+    head: int  # bytes of it before the body
+    sent: int = 0
+    clock: Stages = field(default_factory=Stages)
+
+    def trace_line(self, seq: int, submitted: float, first_text: bool) -> bytes:
+        head = {"seq": seq, "submitted": submitted, "stagesMs": self.clock.ms if first_text else None}
+        return json.dumps(head).encode()[:-1] + b',"body":%s}\n' % self.data[self.head :]
+
+
+class RequestWriter:
+    """The `/v1/completions` requests of one endpoint and tokenizer."""
+
+    def __init__(self, config: RemoteConfig, endpoint: Endpoint, tokenizer: Tokenizer, api_key: str) -> None:
+        self.config, self.endpoint, self.tokenizer = config, endpoint, tokenizer
+        self._key = api_key
+        self._prompts = PromptIds(tokenizer.vocab_size)
+        self._text_tokenizer: Any = None
+        if not config.token_ids:  # decoding a prompt to text keeps its FIM tokens
+            from tokenizers import Tokenizer as HFTokenizer
+
+            self._text_tokenizer = HFTokenizer.from_file(str(config.tokenizer / "tokenizer.json"))
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._key}"} if self._key else {}
+
+    def wire(self, request: CompletionRequest, model: str | None) -> Wire:
+        """The request as it goes out: the prompt with the healed tokens, as an HTTP POST. EngineError
+        for a token id outside the vocabulary (checked, like the encoding, past the previous prompt)."""
+        clock = Stages()
+        heal_ids = self.tokenizer.encode(request.heal_text) if request.heal_text else []
+        ids = [*request.prompt_ids, *heal_ids]
+        try:
+            if self.config.token_ids:
+                prompt = self._prompts.encode(request.slot_key, ids)
+            else:
+                prompt = encode_json(self._as_text(ids))
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        body = b'{"prompt":' + prompt + b"," + encode_json(self._body(request, model))[1:]
+        data = post_bytes(self.endpoint, self.endpoint.path("/v1/completions"), self.headers(), body)
+        clock.mark("encode")
+        return Wire(ids, heal_ids, data, len(data) - len(body), clock=clock)
+
+    def _body(self, request: CompletionRequest, model: str | None) -> dict[str, Any]:
+        p = request.params
+        body: dict[str, Any] = {
+            "max_tokens": p.max_tokens,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "cache_prompt": True,  # llama.cpp: reuse the slot's KV for the common prefix
+        }
+        if model:
+            body["model"] = model
+        if p.stop:
+            body["stop"] = list(p.stop)  # the engine stops generating; the stop filter here is exact
+        if p.seed is not None:
+            body["seed"] = p.seed
+        if self.config.token_ids:  # ask for the generated ids: llama.cpp logprobs ids, vLLM token ids
+            body.update(logprobs=1, return_token_ids=True, return_tokens_as_token_ids=True)
+        extra = {k: v for k, v in self.config.extra.items() if k != "prompt"}
+        return {**extra, **body}  # the extra fields cannot change what the backend relies on
+
+    def _as_text(self, ids: list[int]) -> str:
+        vocab = self.tokenizer.vocab_size
+        if bad := [t for t in ids if not 0 <= t < vocab]:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        if ids and ids[0] == self.tokenizer.bos_id:
+            ids = ids[1:]  # the endpoint adds BOS itself when it tokenises a text prompt
+        return str(self._text_tokenizer.decode(ids, skip_special_tokens=False))
+
+
+class PromptIds:
+    """The JSON text of token-id prompts, encoding (and range-checking) per document only the ids after
+    those it shares with that document's previous prompt: a keystroke adds a token or two to a prompt of
+    thousands, whose encoding anew would cost ~0.1 ms per thousand ids."""
+
+    def __init__(self, vocab_size: int, documents: int = 8) -> None:
+        self._vocab = vocab_size
+        # document -> (its last ids, their text with a comma after each id, where each id's comma ends)
+        self._last: OrderedDict[object, tuple[list[int], str, list[int]]] = OrderedDict()
+        self._documents = documents
+
+    def encode(self, key: object, ids: list[int]) -> bytes:
+        """`ids` as a JSON array; `key` names the document. ValueError for an id outside the vocabulary."""
+        old_ids, text, ends = self._last.pop(key, ([], "", []))
+        same = common_prefix(old_ids, ids)
+        del ends[same:]
+        tail = ids[same:]
+        if tail and (min(tail) < 0 or max(tail) >= self._vocab):
+            bad = next(t for t in tail if not 0 <= t < self._vocab)
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self._vocab - 1})")
+        pieces = [f"{t}," for t in tail]
+        text = text[: ends[-1] if ends else 0] + "".join(pieces)
+        ends.extend(itertools.accumulate(map(len, pieces), initial=ends[-1] if ends else 0))
+        del ends[same]  # accumulate's initial value, already there (or the 0 before the first id)
+        self._last[key] = (ids, text, ends)
+        if len(self._last) > self._documents:
+            self._last.popitem(last=False)
+        return b"[" + text[:-1].encode() + b"]"
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix. Typing appends, so the answer is nearly always within the
+    last few tokens of the shorter list: one comparison of whole slices (in C) settles the bulk."""
+    n = min(len(a), len(b))
+    lo, hi = 0, n  # a[:lo] == b[:lo]; the first difference is before hi
+    bulk = max(0, n - 16)
+    if a[:bulk] == b[:bulk]:
+        lo = bulk
+    else:
+        hi = bulk
+        while hi - lo > 16:
+            mid = (lo + hi) // 2
+            if a[lo:mid] == b[lo:mid]:
+                lo = mid
+            else:
+                hi = mid
+    while lo < hi and a[lo] == b[lo]:
+        lo += 1
+    return lo
+
+
+def post_bytes(endpoint: Endpoint, path: str, headers: dict[str, str], body: bytes) -> bytes:
+    """A whole HTTP/1.1 POST of a JSON body, ready for one send."""
+    host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
+    head = [f"POST {path} HTTP/1.1", f"Host: {host}:{endpoint.port}", "Accept: text/event-stream"]
+    head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    head += [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
