@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from lsp_dscoder.engine.api import CompletionRequest
+from lsp_dscoder.engine.api import CompletionRequest, TokenEvent
 from lsp_dscoder.engine.engine import CompletionHandle
 from lsp_dscoder.engine.errors import EngineError
 
@@ -193,6 +193,13 @@ class RemoteHandle(CompletionHandle):
         with self._conn_lock:
             if self._conn is not None:
                 abort(self._conn)
+
+    def publish_events(self, events: list[TokenEvent]) -> None:
+        """Several events at once, with one wake-up of the consumer (per event, the consumer's thread
+        would take the interpreter lock from the reader before the event with text is out)."""
+        with self._cond:
+            self._events.extend(events[:-1])
+        self._publish(event=events[-1])
 
     @property
     def connection(self) -> http.client.HTTPConnection | None:

@@ -92,17 +92,18 @@ class RemoteCompletionStats(CompletionStats):
 
 
 class StreamDecoder:
-    """Turns chunks into token events: local decoding of ids, stop strings, healed characters left out."""
+    """Turns chunks into token events: local decoding of ids, stop strings, healed characters left out.
+    The events of one chunk go to `emit` together: whoever waits for them is woken once per chunk."""
 
     def __init__(
-        self, tokenizer: Tokenizer, stop: tuple[str, ...], emit: Callable[[TokenEvent], None]
+        self, tokenizer: Tokenizer, stop: tuple[str, ...], emit: Callable[[list[TokenEvent]], None]
     ) -> None:
         self._tok = tokenizer
         self._decoder = tokenizer.stream()
         self._stops = StopStringFilter(stop)
         self._emit = emit
         self.token_ids: list[int] = []
-        self._held: list[TokenEvent] = []  # the healed tokens' events, until the first chunk
+        self._pending: list[TokenEvent] = []  # events not emitted yet
         self.count = 0  # events that carried generated text or a token
         self.stopped = False  # a stop string was found
         self.finish_reason: str | None = None
@@ -116,21 +117,23 @@ class StreamDecoder:
         for token in heal_ids:
             self.token_ids.append(token)
             piece = self._decoder.push(token)
-            self._held.append(TokenEvent(index=len(self.token_ids) - 1, token_id=token, text="", piece=piece))
+            self._pending.append(TokenEvent(len(self.token_ids) - 1, token_id=token, text="", piece=piece))
             self.count += 1
 
-    def _release_held(self) -> None:
-        for event in self._held:
-            self._emit(event)
-        self._held.clear()
+    def _emit_pending(self) -> None:
+        if self._pending:
+            events, self._pending = self._pending, []
+            self._emit(events)
 
     def feed(self, chunk: Chunk) -> None:
         self.timings = chunk.timings or self.timings
         self.usage = chunk.usage or self.usage
         self.finish_reason = chunk.finish_reason or self.finish_reason
-        self._release_held()
-        if self.stopped:
-            return
+        if not self.stopped:
+            self._decode(chunk)
+        self._emit_pending()
+
+    def _decode(self, chunk: Chunk) -> None:
         if chunk.token_ids is None:
             if chunk.text:
                 self._push(None, chunk.text)
@@ -146,17 +149,17 @@ class StreamDecoder:
     def _push(self, token: int | None, piece: str) -> None:
         text, hit = self._stops.push(piece)
         index = len(self.token_ids) - 1 if token is not None else self.count
-        self._emit(TokenEvent(index=index, token_id=token, text=text, piece=piece))
+        self._pending.append(TokenEvent(index=index, token_id=token, text=text, piece=piece))
         self.count += 1
         self.stopped = hit
 
     def finish(self) -> str:
         """Emits what is held back; returns the completion's text."""
-        self._release_held()
         if not self.stopped:
             tail = self._stops.push(self._decoder.flush())[0] + self._stops.flush()
             if tail:
-                self._emit(TokenEvent(index=self.count, token_id=None, text=tail))
+                self._pending.append(TokenEvent(index=self.count, token_id=None, text=tail))
+        self._emit_pending()
         return self._stops.text[: self._stops.emitted]
 
     def stop_reason(self, stop: tuple[str, ...]) -> StopReason:
