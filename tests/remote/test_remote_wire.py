@@ -1,0 +1,70 @@
+"""What the remote backend writes: token-id prompts encoded only past the document's previous prompt (and
+exactly as json would), the HTTP request bytes, and `bench --backend remote` end to end against llama.cpp:
+every keystroke through our server paired with the very same request sent directly."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from lsp_dscoder.bench_remote import run_remote
+from lsp_dscoder.remote_http import Endpoint
+from lsp_dscoder.remote_wire import PromptIds, common_prefix, post_bytes
+from tests.remote.llama_server import LlamaServer
+
+
+def test_common_prefix() -> None:
+    long = list(range(100))
+    assert common_prefix(long, [*long[:97], 5]) == 97  # typing: within the last few ids
+    assert common_prefix(long, [*long[:40], 7, *long[41:]]) == 40  # an edit far above the cursor
+    assert common_prefix(long, long[:60]) == 60
+    assert common_prefix([], long) == 0
+    assert common_prefix([3, 1], [2, 1]) == 0
+
+
+def test_prompt_ids_reencode_only_the_tail_and_check_its_range() -> None:
+    prompts = PromptIds(vocab_size=1000)
+    first = [1, 20, 300, 999]
+    assert prompts.encode("a.py", first) == b"[1,20,300,999]"
+    assert prompts.encode("a.py", [1, 20, 301]) == b"[1,20,301]"  # the healed tail re-tokenised
+    assert prompts.encode("b.py", [7]) == b"[7]"
+    assert prompts.encode("a.py", [1, 20, 301, 4, 5]) == b"[1,20,301,4,5]"
+    assert prompts.encode("a.py", []) == b"[]"
+    with pytest.raises(ValueError, match="token id 1000 is outside the vocabulary"):
+        prompts.encode("a.py", [1, 1000])
+    for n in (0, 1, 17, 250):  # whatever the history, the text is json's
+        ids = list(range(n, 2 * n))
+        assert json.loads(prompts.encode("c.py", ids)) == ids
+
+
+def test_post_bytes_is_one_http_request() -> None:
+    data = post_bytes(
+        Endpoint.parse("http://h:8000/v1"), "/v1/completions", {"Authorization": "Bearer k"}, b"{}"
+    )
+    assert data == (
+        b"POST /v1/completions HTTP/1.1\r\nHost: h:8000\r\nAccept: text/event-stream\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 2\r\nAuthorization: Bearer k\r\n\r\n{}"
+    )
+
+
+@pytest.mark.slow
+def test_bench_pairs_each_keystroke_with_the_same_request_sent_directly(
+    llama: LlamaServer, bundled: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = argparse.Namespace(
+        endpoint=llama.url, remote_model=None, model=str(bundled), sizes="1k", keystrokes=6,
+        interval_ms=50.0, round_trips=2, settings="{}", json=True,
+    )  # fmt: skip
+    assert run_remote(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    (doc,) = report["documents"]
+    engine = [k for k in doc["keys"] if k["record"].get("source") == "engine"]
+    remote = doc["remote"]
+    assert doc["answered"] == 6 and doc["errors"] == 0 and doc["stale"] == 0
+    assert remote["same_prompt_length"] == len(engine) > 0  # the replayed bodies are the ones sent
+    assert remote["through_ms"]["n"] == len(engine)
+    assert remote["processed_tokens"]["p50"] <= 3  # a keystroke computes its new tokens only
+    assert set(remote["stages_ms"]) >= {"encode", "response", "firstChunk", "parse"}
