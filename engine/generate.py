@@ -8,6 +8,7 @@ device) or the fast path (CUDA).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -54,11 +55,32 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Ge
     return int(torch.multinomial(probs, 1, generator=gen).item())
 
 
-def restrict(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """A copy of `logits` (..., V) in which only the token ids in `index` keep their values."""
-    out = torch.full_like(logits, float("-inf"))
-    out[..., index] = logits[..., index]
-    return out
+@dataclass(frozen=True)
+class Healing:
+    """How generation spells the healed text. Every token that can spell it stays allowed (the
+    model's own choice is what makes healing worth it), but a token that spells only part of the text
+    costs a decode step that shows nothing, while one that spells all of it shows the suggestion at
+    once. So a partial token's odds are divided by `partial_odds` against the covering tokens: it is
+    chosen only when the model is that much surer of it. 1 is plain healing; inf takes a covering
+    token whenever one exists."""
+
+    partial_odds: float = 4.0
+
+    def __post_init__(self) -> None:
+        if not self.partial_odds >= 1.0:
+            raise ValueError(f"partial_odds must be >= 1, got {self.partial_odds}")
+
+    def logits(self, logits: torch.Tensor, covering: torch.Tensor, partial: torch.Tensor) -> torch.Tensor:
+        """A copy of `logits` (..., V) with only the candidates left, partial ones handicapped."""
+        out = torch.full_like(logits, float("-inf"))
+        out[..., covering] = logits[..., covering]
+        # With no covering token every candidate is partial: a common handicap would change nothing.
+        handicap = math.log(self.partial_odds) if len(covering) else 0.0
+        out[..., partial] = logits[..., partial] - handicap
+        return out
+
+
+HEALING = Healing()
 
 
 class StopStringFilter:
@@ -125,6 +147,7 @@ def generate(
     emit: Callable[[TokenEvent], None],
     prefill_chunk: int,
     queued_at: float,
+    healing: Healing = HEALING,
 ) -> Completion:
     started = time.perf_counter()
     params = request.params
@@ -173,7 +196,7 @@ def generate(
             stop = StopReason.MAX_TOKENS
             break
         if heal:
-            logits = restrict(logits, tokenizer.healing_index(heal, logits.device))
+            logits = healing.logits(logits, *tokenizer.healing_index(heal, logits.device))
         token = sample(
             logits.to("cpu") if params.temperature > 0 else logits, params.temperature, params.top_p, gen
         )

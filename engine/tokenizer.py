@@ -9,11 +9,14 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from tokenizers import Tokenizer as HFTokenizer
 
 from lsp_dscoder.engine.errors import CheckpointError
+
+if TYPE_CHECKING:  # torch is imported where tensors are built: the remote backend starts without it
+    import torch
 
 FIM_BEGIN = "<｜fim▁begin｜>"
 FIM_HOLE = "<｜fim▁hole｜>"
@@ -52,7 +55,8 @@ class Tokenizer:
         self.fim_end_id = self._lookup(FIM_END, folder)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._heal_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None
-        self._heal_index_cache: OrderedDict[tuple[str, torch.device], torch.Tensor] = OrderedDict()
+        self._heal_index_cache: OrderedDict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor]]
+        self._heal_index_cache = OrderedDict()
         self._heal_lock = threading.RLock()  # used from the engine thread and from submitting threads
 
     def _lookup(self, name: str, folder: Path) -> int:
@@ -79,22 +83,15 @@ class Tokenizer:
         """Tokens that may come first when the output must begin with `text`: those whose text starts
         with it, and those whose text is a shorter non-empty prefix of it. Tokens that decode to part
         of a UTF-8 character, or to nothing (special tokens, `<eos>` included), are never candidates."""
+        covering, partial = self.healing_split(text)
+        return covering + partial
+
+    def healing_split(self, text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """`healing_candidates(text)` in two: the tokens that spell all of `text` (and maybe more), and
+        those that spell only a shorter prefix of it (a decode step that shows nothing)."""
         keys, ids, by_text = self._vocabulary_index()
         lo, hi = bisect.bisect_left(keys, text), bisect.bisect_left(keys, text + "\U0010ffff")
-        return tuple(ids[lo:hi]) + tuple(i for k in range(1, len(text)) for i in by_text.get(text[:k], ()))
-
-    def healing_choices(self, text: str) -> tuple[int, ...]:
-        """The candidates healing samples from: the tokens that spell all of `text` (and maybe more)
-        when there is one, else those that spell a prefix of it. A token that re-spells only part of
-        typed text is a decode step the user never sees; when a whole-text token exists the first step
-        already shows the suggestion. Indentation is the exception: the pre-tokenizer splits a run of
-        spaces before a word as (run less one space) + (space + word), so a token spelling all of it
-        is not the one the model expects there; every candidate stays allowed."""
-        if len(text) > 1 and text.isspace():
-            return self.healing_candidates(text)
-        keys, ids, _ = self._vocabulary_index()
-        lo, hi = bisect.bisect_left(keys, text), bisect.bisect_left(keys, text + "\U0010ffff")
-        return tuple(ids[lo:hi]) if hi > lo else self.healing_candidates(text)
+        return tuple(ids[lo:hi]), tuple(i for k in range(1, len(text)) for i in by_text.get(text[:k], ()))
 
     def can_heal(self, text: str) -> bool:
         """Whether whole tokens can spell `text`: every suffix the healing may be left with has a
@@ -108,13 +105,19 @@ class Tokenizer:
                 return False
         return True
 
-    def healing_index(self, text: str, device: torch.device) -> torch.Tensor:
-        """`healing_choices(text)` as a long tensor on `device`, kept for the next keystroke."""
+    def healing_index(self, text: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """`healing_split(text)` as two long tensors on `device`, kept for the next keystroke."""
+        import torch
+
         key = (text, device)
         with self._heal_lock:
             index = self._heal_index_cache.get(key)
             if index is None:
-                index = torch.tensor(self.healing_choices(text), dtype=torch.long, device=device)
+                covering, partial = self.healing_split(text)
+                index = (
+                    torch.tensor(covering, dtype=torch.long, device=device),
+                    torch.tensor(partial, dtype=torch.long, device=device),
+                )
                 self._heal_index_cache[key] = index
                 if len(self._heal_index_cache) > 64:
                     self._heal_index_cache.popitem(last=False)

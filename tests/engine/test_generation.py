@@ -4,6 +4,7 @@ prefix reuse, typing through, cancellation, stop conditions, streaming."""
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from transformers import LlamaForCausalLM
 from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams, StopReason
 from lsp_dscoder.engine.engine import ReferenceRunner
 from lsp_dscoder.engine.errors import EngineError
-from lsp_dscoder.engine.generate import StopStringFilter, generate
+from lsp_dscoder.engine.generate import HEALING, StopStringFilter, generate
 
 
 def fim_prompt(engine: Engine, before: str, after: str) -> tuple[int, ...]:
@@ -252,10 +253,9 @@ def test_healing_candidates_are_the_tokens_that_can_spell_the_text(engine: Engin
         }
         got = tok.healing_candidates(heal)
         assert set(got) == want and len(got) == len(want)
-        # Sampled from: the tokens that spell all of the text when there are any (but indentation).
-        whole = {i for i in want if texts[i].startswith(heal)}
-        choices = set(tok.healing_choices(heal))
-        assert choices == (whole if whole and not heal.isspace() else want), heal
+        covering, partial = tok.healing_split(heal)
+        assert set(covering) == {i for i in want if texts[i].startswith(heal)}
+        assert set(partial) == want - set(covering) and got == covering + partial
     assert tok.eos_id not in tok.healing_candidates(" ")
 
 
@@ -269,14 +269,18 @@ def test_token_healing_is_greedy_over_the_tokens_that_spell_the_text(tiny_model:
         handle = eng.submit(request)
         events = list(handle)
         done = handle.result()
-        # The oracle: transformers' logits, greedy over the healing choices until " ar" is spelled.
+        # The oracle: transformers' logits, greedy over the healing candidates until " ar" is spelled,
+        # a token that spells only part of what is left handicapped by the engine's odds.
         ids, heal, expected = list(prompt), " ar", []
         with torch.no_grad():
             while len(expected) < 8:
                 logits = hf(torch.tensor([ids])).logits[0, -1]
                 if heal:
-                    allowed = torch.tensor(tok.healing_choices(heal))
-                    token = int(allowed[logits[allowed].argmax()])
+                    covering, partial = tok.healing_split(heal)
+                    handicap = math.log(HEALING.partial_odds) if covering else 0.0
+                    allowed = torch.tensor(covering + partial)
+                    score = logits[allowed] - handicap * (torch.arange(len(allowed)) >= len(covering))
+                    token = int(allowed[score.argmax()])
                     heal = heal[len(tok.decode([token])) :]
                 else:
                     token = int(logits.argmax())
