@@ -75,10 +75,12 @@ def test_typing_a_line_shows_text_at_the_first_step_and_prefills_nothing(engine:
         steps.append(done.stats.steps_to_text)
         prefilled.append(done.stats.prefilled_tokens)
     word = [" c", " ch", " chu", " chun", " chunk", " chunks"]
-    assert heals == [" ", "  ", "   ", "    ", *word, ".", "s", "so", "sor", "sort", "("]
-    # A step before visible text only where the healed text is itself a whole token (indentation,
-    # " chunks", ".", "("): the token that spells it shows nothing, the next one does.
-    assert steps == [0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1]
+    # The fourth space: the slot holds "   " (then " return") from the key before, so only " " is
+    # healed, and " return" spells it at once.
+    assert heals == [" ", "  ", "   ", " ", *word, ".", "s", "so", "sor", "sort", "("]
+    # A step before visible text only where the healed text is itself a whole token ("   ",
+    # " chunks", ".", "sort", "("): the token that spells it shows nothing, the next one does.
+    assert steps == [0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1]
     # Every keystroke's prompt ends where the slot has logits, or one token before (healed again).
     assert prefilled == [0] * 16
 
@@ -97,3 +99,26 @@ def test_the_suggestion_does_not_depend_on_when_the_indentation_was_typed(engine
     # The same prompt both times: the second request reuses all of it from the first one's slot.
     assert late_done.stats.prompt_tokens == early_done.stats.prompt_tokens
     assert late_done.stats.prefilled_tokens == 0
+
+
+def test_a_word_no_token_spells_is_healed_from_its_last_generated_token(engine: Engine) -> None:
+    at = DOC.index("    return len(chunks)")
+    text = DOC[:at] + "\n" + DOC[at:]
+    typist = Typist(engine)
+    typist.request(text, at + 1)
+    heals, steps, firsts = [], [], []
+    for k, ch in enumerate("    words = split_words(text)"):
+        text = text[: at + 1 + k] + ch + text[at + 1 + k :]
+        done, _, heal = typist.request(text, at + 2 + k)
+        heals.append(heal)
+        steps.append(done.stats.steps_to_text)
+        firsts.append(engine.tokenizer.decode(done.token_ids[:1]))
+        assert done.stats.prefilled_tokens == 0
+    # No token spells " split_words": the slot holds " split_" from the keystrokes before, so only
+    # "w"... is healed, not the whole word again (" split_" + "w" would be a step showing nothing).
+    word = [" s", " sp", " spl", " spli", " split", " split_", "w", "wo", "wor", "word", "words"]
+    assert heals[12:] == [*word, "(", "t", "te", "tex", "text", ")"]
+    assert steps == [0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1]
+    # Every step before visible text is the forward of a token that spells the healed text exactly:
+    # the one a prompt without healing would have prefilled.
+    assert all(first == heal for s, first, heal in zip(steps, firsts, heals, strict=True) if s)
