@@ -181,6 +181,8 @@ def pair(documents: list[dict[str, Any]], direct: list[tuple[dict[str, Any], Dir
             ours = {_PIPES: through - server, "prompt": record.get("promptMs")}
             ours.update(entry["stagesMs"])
             ours["published -> partial sent"] = server - sum(v or 0.0 for k, v in ours.items() if k != _PIPES)
+            endpoint = sum(entry["stagesMs"].get(k, 0.0) for k in _ENDPOINT)
+            rows["own_ms"].append(through - endpoint)  # as the direct time: written -> first chunk read
             for name, value in ours.items():
                 stages.setdefault(name, []).append(value)
         doc["remote"] = {name: _dist(values) for name, values in rows.items()}
@@ -189,12 +191,14 @@ def pair(documents: list[dict[str, Any]], direct: list[tuple[dict[str, Any], Dir
 
 
 _PIPES = "pipes and JSON-RPC (client - server)"
+_ENDPOINT = ("response", "firstChunk")  # request written -> the chunk with the first text read
 
 
 ROWS = (
     ("direct_ttft_ms", "direct: request written -> first chunk with text"),
     ("through_ms", "through lsp-dscoder: keystroke -> first partial"),
     ("overhead_ms", "difference per keystroke (our overhead)"),
+    ("own_ms", "through, less the endpoint's share seen by our server"),
     ("cached_tokens", "endpoint's cached prompt tokens, per keystroke"),
     ("processed_tokens", "endpoint's computed prompt tokens, per keystroke"),
     ("direct_processed_tokens", "direct: computed prompt tokens, per keystroke"),
