@@ -9,12 +9,9 @@ are reused up to that boundary, so accepting a suggestion costs no prefill.
 
 Token healing: the middle's last token (`self.va`: the `va`) is left out of the prompt and passed as
 the request's `heal_text`, so that the model chooses the token it belongs to (`value`) rather than
-continuing from a token the cursor happened to cut (`v`, `a`). Only the last word: healing more costs
-decode steps the user never sees. When the tokens a previous keystroke generated (held by the slot with
-their logits) spell the word up to its last token, those stay in the prompt and only the rest is
-healed: a word no single token spells costs one forward per keystroke, not one per token of the word.
-A line holding only indentation is healed whole, from the line start, so the prompt is the same
-whether the request came before or after the editor indented the new line.
+continuing from a token the cursor happened to cut (`v`, `a`). Only the last token: healing more costs
+decode steps the user never sees. A line holding only indentation is healed whole, from the line start,
+so the prompt is the same whether the request came before or after the editor indented the new line.
 
 Work is bounded by the budgets, not the document: every search and tokenisation looks at most
 `MAX_CHARS_PER_TOKEN` characters per budgeted token around the cursor (a 5 MB line costs what a short
@@ -109,12 +106,7 @@ class PromptBuilder:
             middle = text[head.anchor : cursor]
             heal = self._heal(middle)
             pieces, taken = cut_known(self.tokenizer, middle[: heal.cut], known)
-            spelled = self._spelled(middle, heal, known[taken:]) if taken == len(pieces) else ()
-            if spelled:  # the slot's own tokens spell the healed text up to its last one: heal only that
-                pieces, taken = pieces + spelled, taken + len(spelled)
-                heal = _Heal(len(middle), (), middle[heal.cut + sum(len(p.text) for p in spelled) :])
-            else:
-                pieces += self._tail(middle, heal)
+            pieces += self._tail(middle, heal)
             if len(pieces) <= self.budgets.middle_tokens:
                 ids = head.ids + tuple(p.token_id for p in pieces)
                 return Prompt(ids, head, True, middle, pieces, taken, heal.text)
@@ -151,20 +143,6 @@ class PromptBuilder:
         # A whitespace run followed by a word is split before the word's space by the pre-tokenizer,
         # so these tokens are the whole tail's.
         return _Heal(cut, tuple(self.tokenizer.encode(tail[:keep])) if keep else (), rest)
-
-    def _spelled(self, middle: str, heal: _Heal, known: Sequence[Piece]) -> tuple[Piece, ...]:
-        """The known tokens after the cut that spell the middle past it and end inside the healed
-        text, short of its end: the tokens a previous keystroke's generation chose for the word being
-        typed (its K/V and logits are in the slot). () when they do not reach into the healed text."""
-        rest, at, n = middle[heal.cut :], 0, 0
-        for piece in known:
-            if not piece.text or not rest.startswith(piece.text, at) or at + len(piece.text) >= len(rest):
-                break
-            at, n = at + len(piece.text), n + 1
-        if at <= len(rest) - len(heal.text):
-            return ()
-        spelled = tuple(known[:n])
-        return spelled if self.tokenizer.decode([p.token_id for p in spelled]) == rest[:at] else ()
 
     def _tail(self, middle: str, heal: _Heal) -> tuple[Piece, ...]:
         end = len(middle) - len(heal.text)
