@@ -96,6 +96,9 @@ class CompletionStats:
     # sees it); None when no text was produced. ttft_s is the first *sampled* token, which with token
     # healing may only spell typed text again.
     text_s: float | None = None
+    # generated tokens fed back without a forward: the slot held them, with their logits, from the
+    # request before (token healing spelling the typed word as the last generation did)
+    replayed_tokens: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)

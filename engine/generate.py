@@ -180,6 +180,9 @@ def generate(
         pos += n
         stop = interrupted()
     prefilled = pos - match.reused
+    # The slot's rows past the reused prompt, from the last request: valid while this one runs the
+    # same tokens at the same positions (healing spelling the word as it did on the key before).
+    draft = match.draft if all(t == d for t, (d, _) in zip(prompt[match.reused :], match.draft)) else ()
 
     # 2. Decode: sample, stream, feed the token back (its K/V stays cached for the next request).
     gen = torch.Generator(device="cpu").manual_seed(params.seed) if params.seed is not None else None
@@ -188,6 +191,7 @@ def generate(
     ttft: float | None = None
     first_at = time.perf_counter()
     steps, steps_to_text = 0, None  # forwards after the first sample; those before visible text
+    replayed = 0  # tokens fed back without a forward: the draft held them
     text_at: float | None = None
     heal = begin.heal  # still to be spelled by the generated tokens, and not emitted
     while stop is None:
@@ -225,11 +229,17 @@ def generate(
         else:
             stop = interrupted()
         if stop is None:
-            logits = runner.decode(token, pos, slot.index, stale)
-            steps += 1
-            if logits is None:
-                stop = interrupted() or StopReason.CANCELLED
-                break
+            held = draft[pos - match.reused] if pos - match.reused < len(draft) else None
+            if held is not None and held[0] == token and held[1] is not None:
+                logits = held[1]  # this token ran here last time: its K/V rows and logits stand
+                replayed += 1
+            else:
+                draft = ()  # from here on the rows are rewritten
+                logits = runner.decode(token, pos, slot.index, stale)
+                steps += 1
+                if logits is None:
+                    stop = interrupted() or StopReason.CANCELLED
+                    break
             slot.extend((token,), logits)
             pos += 1
     if stop is not StopReason.STOP_STRING:
@@ -253,5 +263,6 @@ def generate(
         slot=slot.index,
         steps_to_text=steps_to_text,
         text_s=text_at - started if text_at is not None else None,
+        replayed_tokens=replayed,
     )
     return Completion(text=stops.text[: stops.emitted], token_ids=tuple(out), stats=stats)

@@ -65,6 +65,10 @@ class Match:
     slot: Slot
     reused: int  # tokens of the prompt whose K/V is already in the slot
     cached_logits: torch.Tensor | None  # logits at the prompt's last position when fully cached
+    # What the slot held from position `reused` on (token, its logits if kept): the rows are still in
+    # the buffer, valid for a request that runs the same tokens there again (healing that re-spells
+    # what the last generation spelled), which then needs no forward for them.
+    draft: tuple[tuple[int, torch.Tensor | None], ...] = ()
 
 
 class KVCache:
@@ -115,5 +119,7 @@ class KVCache:
         reused = n if cached is not None else min(n, len(prompt) - 1)
         # Rows past `reused` are rewritten: a last prompt token cached without its logits is run again
         # (or healed, its row then taken by the token that spells it again).
+        held = best.tokens[reused : reused + MAX_CACHED_LOGITS]  # past that no logits are kept anyway
+        draft = tuple((t, best.logits.get(p)) for p, t in enumerate(held, reused))
         best.truncate(reused)
-        return Match(slot=best, reused=reused, cached_logits=cached)
+        return Match(slot=best, reused=reused, cached_logits=cached, draft=draft)

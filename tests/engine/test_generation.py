@@ -342,4 +342,13 @@ def test_steps_to_text_counts_the_forwards_before_visible_text(engine: Engine) -
     first = tok.decode([plain.token_ids[0]])
     healed = engine.complete(CompletionRequest(prompt, SamplingParams(max_tokens=4), heal_text=first))
     assert healed.token_ids == plain.token_ids
-    assert healed.stats.steps_to_text == (1 if len(plain.token_ids) > 1 else None)
+    # Here the slot still holds the plain request's forwards of these tokens: none runs again.
+    n = len(plain.token_ids)
+    assert (healed.stats.steps_to_text, healed.stats.replayed_tokens) == ((0, n - 1) if n > 1 else (None, 0))
+    # After a request that left other tokens there, the token's forward runs: one step.
+    other = tok.encode("x = 1")
+    assert other[0] != plain.token_ids[0]
+    engine.complete(req((*prompt, *other), max_tokens=2))
+    again = engine.complete(CompletionRequest(prompt, SamplingParams(max_tokens=4), heal_text=first))
+    assert again.token_ids == plain.token_ids and again.stats.replayed_tokens == 0
+    assert again.stats.steps_to_text == (1 if n > 1 else None)

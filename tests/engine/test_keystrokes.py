@@ -4,6 +4,8 @@ and the same suggestion whether a new line's indentation was typed before the re
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from lsp_dscoder.bundled import default_model_path
@@ -75,12 +77,11 @@ def test_typing_a_line_shows_text_at_the_first_step_and_prefills_nothing(engine:
         steps.append(done.stats.steps_to_text)
         prefilled.append(done.stats.prefilled_tokens)
     word = [" c", " ch", " chu", " chun", " chunk", " chunks"]
-    # The fourth space: the slot holds "   " (then " return") from the key before, so only " " is
-    # healed, and " return" spells it at once.
-    assert heals == [" ", "  ", "   ", " ", *word, ".", "s", "so", "sor", "sort", "("]
-    # A step before visible text only where the healed text is itself a whole token ("   ",
-    # " chunks", ".", "sort", "("): the token that spells it shows nothing, the next one does.
-    assert steps == [0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1]
+    assert heals == [" ", "  ", "   ", "    ", *word, ".", "s", "so", "sor", "sort", "("]
+    # The tokens that spell the healed text are those the key before generated, whose forwards the
+    # slot still holds: no step before visible text, but where the suggestion had gone another way
+    # (" = [" shown, "." typed: "." is the forward a prompt without healing would have prefilled).
+    assert steps == [0] * 10 + [1] + [0] * 5
     # Every keystroke's prompt ends where the slot has logits, or one token before (healed again).
     assert prefilled == [0] * 16
 
@@ -101,24 +102,27 @@ def test_the_suggestion_does_not_depend_on_when_the_indentation_was_typed(engine
     assert late_done.stats.prefilled_tokens == 0
 
 
-def test_a_word_no_token_spells_is_healed_from_its_last_generated_token(engine: Engine) -> None:
+def test_a_word_no_token_spells_is_spelled_again_from_the_slot_without_a_forward(engine: Engine) -> None:
     at = DOC.index("    return len(chunks)")
     text = DOC[:at] + "\n" + DOC[at:]
     typist = Typist(engine)
     typist.request(text, at + 1)
-    heals, steps, firsts = [], [], []
+    steps, replayed, last = [], [], None
     for k, ch in enumerate("    words = split_words(text)"):
         text = text[: at + 1 + k] + ch + text[at + 1 + k :]
+        last = typist.builder.build(text, at + 2 + k, head=typist.head, known=typist.pieces)
         done, _, heal = typist.request(text, at + 2 + k)
-        heals.append(heal)
         steps.append(done.stats.steps_to_text)
-        firsts.append(engine.tokenizer.decode(done.token_ids[:1]))
+        replayed.append(done.stats.replayed_tokens)
         assert done.stats.prefilled_tokens == 0
-    # No token spells " split_words": the slot holds " split_" from the keystrokes before, so only
-    # "w"... is healed, not the whole word again (" split_" + "w" would be a step showing nothing).
-    word = [" s", " sp", " spl", " spli", " split", " split_", "w", "wo", "wor", "word", "words"]
-    assert heals[12:] == [*word, "(", "t", "te", "tex", "text", ")"]
-    assert steps == [0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1, 1]
-    # Every step before visible text is the forward of a token that spells the healed text exactly:
-    # the one a prompt without healing would have prefilled.
-    assert all(first == heal for s, first, heal in zip(steps, firsts, heals, strict=True) if s)
+    # No token spells " split_words": healing spells it " split_" + "words" at every key of the
+    # word, as the key before did, so those tokens (and the rest of an unchanged suggestion) are
+    # fed back from the slot; a new suggestion (" sorted(" for " s", " split_" for " sp") runs its forwards.
+    assert heal == ")" and steps == [0] * 29
+    assert replayed == [8] * 4 + [0] + [4] * 4 + [3, 3, 2, 0, 0] + [6] * 9 + [4, 3, 3, 3, 3, 2]
+    # The same tokens as an engine whose slot holds nothing of this document.
+    assert last is not None
+    params = SamplingParams(max_tokens=16)
+    with Engine(replace(engine.config, num_slots=1)) as cold:
+        fresh = cold.complete(CompletionRequest(last.ids, params, heal_text=last.heal_text))
+    assert fresh.token_ids == done.token_ids and fresh.stats.replayed_tokens == 0
