@@ -181,8 +181,9 @@ def generate(
         stop = interrupted()
     prefilled = pos - match.reused
     # The slot's rows past the reused prompt, from the last request: valid while this one runs the
-    # same tokens at the same positions (healing spelling the word as it did on the key before).
-    draft = match.draft if all(t == d for t, (d, _) in zip(prompt[match.reused :], match.draft)) else ()
+    # same tokens at the same positions (healing spelling the word as it did on the key before). Not
+    # after a prefill: the fast path pads it to a graph bucket, writing rows past the prompt.
+    draft = match.draft if prefilled == 0 else ()
 
     # 2. Decode: sample, stream, feed the token back (its K/V stays cached for the next request).
     gen = torch.Generator(device="cpu").manual_seed(params.seed) if params.seed is not None else None
