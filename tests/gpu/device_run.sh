@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The kernels' GPU batch, run from the repository root on the CUDA machine (one device call):
-#   bash tests/gpu/device_run.sh OUT_DIR [bench shapes, default 1.3b,6.7b]
+#   bash tests/gpu/device_run.sh OUT_DIR [bench shapes, default 1.3b,6.7b,33b]
 # Links engine/ and kernels/ under lsp_dscoder/ (as an install would), then: the decode step kernel by
 # kernel with the fused variants (tests/gpu/step_profile.py), the attention sweep, the engine bench (random
 # weights built on the GPU, `lsp-dscoder bench`'s options), the kernels' check.
