@@ -101,6 +101,7 @@ class LlamaServer:
 class Direct:
     """One request sent straight to the endpoint."""
 
+    head_ms: float  # request written -> response head read
     ttft_ms: float | None  # request written -> first chunk with text (None: no text came)
     cached: int | None  # prompt tokens from the endpoint's cache (llama.cpp `timings.cache_n`)
     processed: int | None  # prompt tokens it computed (`timings.prompt_n`)
@@ -113,10 +114,11 @@ def send_direct(host: str, port: int, path: str, body: bytes, hold_s: float | No
     conn.connect()  # as the server's spare connection: no handshake on the keystroke
     assert conn.sock is not None
     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    head = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     started = time.perf_counter()
-    conn.request("POST", path, body, head)
+    conn.request("POST", path, body, headers)
     response = conn.getresponse()
+    head = (time.perf_counter() - started) * 1000.0
     ttft: float | None = None
     timings: dict[str, Any] = {}
     with contextlib.suppress(TimeoutError):
@@ -133,7 +135,7 @@ def send_direct(host: str, port: int, path: str, body: bytes, hold_s: float | No
             timings = chunk.get("timings") or timings
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
-    return Direct(ttft, timings.get("cache_n"), timings.get("prompt_n"))
+    return Direct(head, ttft, timings.get("cache_n"), timings.get("prompt_n"))
 
 
 def replay(endpoint: str, trace: Path) -> list[tuple[dict[str, Any], Direct]]:
@@ -166,10 +168,11 @@ def pair(documents: list[dict[str, Any]], direct: list[tuple[dict[str, Any], Dir
             record = key["record"]
             if record.get("source") != "engine":
                 continue
-            entry, d = next(queue, ({}, Direct(None, None, None)))
+            entry, d = next(queue, ({}, Direct(0.0, None, None, None)))
             same += len(entry.get("body", {}).get("prompt", ())) == record.get("promptTokens")
             through, server = key.get("client_ms"), record.get("firstPartialMs")
             rows["direct_ttft_ms"].append(d.ttft_ms)
+            rows["direct_head_ms"].append(d.head_ms)
             rows["through_ms"].append(through)
             rows["direct_processed_tokens"].append(d.processed)
             rows["cached_tokens"].append(record.get("reusedTokens"))
@@ -195,6 +198,7 @@ _ENDPOINT = ("response", "firstChunk")  # request written -> the chunk with the 
 
 
 ROWS = (
+    ("direct_head_ms", "direct: request written -> response head"),
     ("direct_ttft_ms", "direct: request written -> first chunk with text"),
     ("through_ms", "through lsp-dscoder: keystroke -> first partial"),
     ("overhead_ms", "difference per keystroke (our overhead)"),
@@ -243,7 +247,10 @@ def run_remote(args: argparse.Namespace) -> int:
         argv = ["env", f"{TRACE_ENV}={trace}", sys.executable, "-m", "lsp_dscoder", "--stdio", "--log-level"]
         argv += ["info", "--backend", "remote", "--endpoint", endpoint, "--model", str(folder)]
         argv += ["--remote-model", args.remote_model] if args.remote_model else []
-        result = asyncio.run(bench_server(argv, folder, plan, json.loads(args.settings)))
+        settings = json.loads(args.settings)
+        # llama.cpp reports its cache counts in every chunk: a keystroke cut by the next one has them too
+        settings.setdefault("remoteRequest", {}).setdefault("timings_per_token", True)
+        result = asyncio.run(bench_server(argv, folder, plan, settings))
         pair(result["documents"], replay(endpoint, trace))
     report = {"endpoint": endpoint, "model": str(folder), "plan": plan.__dict__, **result}
     if args.json:
