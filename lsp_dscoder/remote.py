@@ -174,6 +174,7 @@ class RemoteBackend:
     def _run(self, handle: RemoteHandle, wire: Wire) -> None:
         request = handle.request
         started, clock = handle.submitted_at, wire.clock
+        clock.mark("wake")  # this thread's start: it overlaps the endpoint's work when the request is out
         decoder = StreamDecoder(self.tokenizer, request.params.stop, handle.publish_events)
         decoder.healed(wire.heal_ids)
         self._pool.replenish()  # if this request took the spare: another, while the endpoint works
