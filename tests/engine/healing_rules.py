@@ -3,11 +3,12 @@
 - `em`: `lsp-dscoder eval`'s line exact match with the server's healed prompt (its `line_healed` row:
   same cases, seed, budgets and context files), each rule generating from the same cached prompt;
 - `keys`: held-out lines typed one character at a time into the server's prompt builder (its head and
-  the slot's pieces carried from key to key, every key sent to the engine), with the decode steps
-  before the first visible text of each key and what each invisible step spelled.
+  the slot's pieces carried from key to key; every key sent to the engine, or with `--through` only
+  those the suggestion shown did not predict, as the server does), with the decode steps before the
+  first visible text of each key and what each invisible step spelled.
 
     python tests/engine/healing_rules.py em --samples 300 --odds 1,4,inf
-    python tests/engine/healing_rules.py keys --lines 40 --odds 1,4,inf
+    python tests/engine/healing_rules.py keys --lines 40 --odds 1,4,inf [--through]
 
 `--odds` are `Healing.partial_odds` values (1: plain healing; inf: a covering token whenever one
 exists). With a tree whose `generate` has no `healing` parameter (PYTHONPATH), its own rule runs once.
@@ -177,11 +178,15 @@ def keystrokes(args: argparse.Namespace, rules: list[float | None]) -> dict[str,
     for text, start, end in lines:
         line = text[start:end]
         state: dict[str, tuple[Head | None, list[Piece]]] = {str(r): (None, []) for r in rules}
+        shown = dict.fromkeys(state, "")  # the suggestion left to type through, per rule
         for k in range(len(line) + 1):
             doc = text[:start] + line[:k] + text[end:]
             ctx = CursorContext.at(doc, start + k)
             params = SamplingParams(max_tokens=16, stop=("\n",) if ctx.single_line else ())
             for r in rules:
+                if args.through and k and shown[str(r)][:1] == line[k - 1]:
+                    shown[str(r)] = shown[str(r)][1:]  # answered from memory: the engine is not asked
+                    continue
                 head, known = state[str(r)]
                 prompt = builder.build(doc, start + k, head=head, known=known)
                 request = CompletionRequest(prompt.ids, params, slot_key=str(r), heal_text=prompt.heal_text)
@@ -191,6 +196,7 @@ def keystrokes(args: argparse.Namespace, rules: list[float | None]) -> dict[str,
                 pieces = pieces[: len(pieces) - rewound]
                 pieces += [Piece(e.token_id, e.piece or "") for e in events if e.token_id is not None]
                 state[str(r)] = (prompt.head, pieces)
+                shown[str(r)] = done.text
                 if k == 0:
                     continue  # the line's first request: a cold prompt
                 heal = (bench.tok.decode(prompt.ids[-rewound:]) if rewound else "") + prompt.heal_text
@@ -200,6 +206,7 @@ def keystrokes(args: argparse.Namespace, rules: list[float | None]) -> dict[str,
                         "heal": heal,
                         "steps": s.steps_to_text,
                         "prefilled": s.prefilled_tokens,
+                        "replayed": getattr(s, "replayed_tokens", 0),
                         "kinds": invisible_kinds(events, heal),
                         "text": done.text[:12],
                         "typed_next": line[k : k + 1],
@@ -233,6 +240,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=300)
     parser.add_argument("--lines", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--through", action="store_true", help="keys: type through a matching suggestion")
     parser.add_argument("--typed", action="store_true", help="em: after a request one character earlier")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--out", help="write the full JSON here; a summary goes to stdout")
