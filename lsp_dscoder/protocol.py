@@ -171,6 +171,7 @@ class DscoderServer(LanguageServer):
         self.exit_code = 0
         self.loading: asyncio.Future[None] | None = None
         self._progress_ids = itertools.count(1)
+        self._encoding: Encoding | None = None
 
     def report_server_error(self, error: Exception, source: Any) -> None:
         if source is FeatureRequestError:
@@ -186,7 +187,11 @@ class DscoderServer(LanguageServer):
 
     @property
     def encoding(self) -> Encoding:
-        return Encoding.parse(self.workspace.position_encoding)
+        """The negotiated position encoding: fixed by `initialize` (which creates the workspace), so it is
+        parsed once rather than on every keystroke."""
+        if self._encoding is None:
+            self._encoding = Encoding.parse(self.workspace.position_encoding)
+        return self._encoding
 
     def document(self, uri: str) -> Document:
         """An open document in step with the editor (DocumentNotOpenError / DocumentOutOfSyncError)."""
