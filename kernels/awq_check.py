@@ -83,28 +83,25 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
     """The sweep at one shape: None (the launcher's default) first, then tiles to compare with it."""
     yield None
     if m == 1:
-        for bk, warps, sub, stages, per_sm in ((8, 1, 2, 1, 8), (8, 1, 4, 1, 16), (8, 2, 2, 1, 4),
-                                               (8, 1, 2, 3, 8), (16, 1, 2, 1, 8), (8, 4, 1, 1, 2),
-                                               (8, 1, 1, 1, 1)):  # fmt: skip
-            blocks = triton.cdiv(n // 8, 128 * warps)
-            yield GemvTiles(bk, split_for(blocks, sub * k // group, per_sm, 512), warps, sub, stages)
         blocks = triton.cdiv(n // 8, 128)
-        for per_sm in (1, 4):  # partials summed by the last share instead of atomics: at most 32 shares
-            yield GemvTiles(8, split_for(blocks, k // group, per_sm), 1, 1, 1, atomic=False)
-    for bn, bk, warps, stages, pairs in ((256, 64, 4, 3, False), (256, 128, 4, 2, False),
-                                         (256, 32, 4, 4, False), (512, 64, 8, 3, False),
-                                         (128, 64, 2, 3, False), (256, 64, 4, 3, True),
-                                         (256, 128, 4, 2, True)):  # fmt: skip
-        for per_sm in (2, 4) if (bn, bk, warps) == (256, 64, 4) else (4,):
-            split = split_for(triton.cdiv(n, bn), k // group, per_sm)
-            yield AwqTiles(16, bn, min(bk, group), split, warps, stages, pairs)
+        for bk, sub, prefetch, per_sm in ((8, 4, True, 16), (8, 8, False, 32), (8, 8, True, 32),
+                                          (4, 4, True, 16), (8, 2, True, 8), (8, 4, False, 32)):  # fmt: skip
+            yield GemvTiles(bk, split_for(blocks, sub * k // group, per_sm, 512), 1, sub, 1, True, prefetch)
+    for bk, stages, pairs, per_sm in (
+        (64, 3, False, 2),
+        (64, 3, True, 4),
+        (32, 4, True, 2),
+        (128, 3, True, 2),
+    ):
+        split = split_for(triton.cdiv(n, 256), k // group, per_sm)
+        yield AwqTiles(16, 256, min(bk, group), split, 4, stages, pairs)
 
 
 def name_of(t: Tiles) -> str:
     if t is None:
         return "default"
     if isinstance(t, GemvTiles):
-        how = "" if t.atomic else "/lastsum"
+        how = ("" if t.atomic else "/lastsum") + ("/prefetch" if t.prefetch else "")
         return f"gemv k{t.block_k}/s{t.split_k}/w{t.num_warps}/sub{t.sub}/st{t.num_stages}{how}"
     pairs = "/pairs" if t.pairs else ""
     return f"tc n{t.block_n}/k{t.block_k}/s{t.split_k}/w{t.num_warps}/st{t.num_stages}{pairs}"

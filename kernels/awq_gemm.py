@@ -194,13 +194,14 @@ def _awq_kernel(
 
 def skinny_tiles(m: int, n: int, k: int, group: int, device: torch.device) -> AwqTiles:
     """Tiles for 2 <= M <= 16: 256-column blocks (32 words: four warps of one 8-column MMA each, so no
-    warp repeats another's work), whole groups per K share, about four programs per SM."""
+    warp repeats another's work), whole groups per K share, about two programs per SM, unit values made
+    two at a time (the fastest of the H200 sweep, docs/awq.md)."""
     if interpreting() or device.type != "cuda":
         return AwqTiles(16, 32, min(32, group), 1, 4, 1)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     blocks = triton.cdiv(n, 256)
-    split = max(1, min(MAX_SPLIT, triton.cdiv(4 * sms, blocks), k // group))
-    return AwqTiles(16, 256, min(group, 64), split, 4, 3)
+    split = max(1, min(MAX_SPLIT, triton.cdiv(2 * sms, blocks), k // group))
+    return AwqTiles(16, 256, min(group, 64), split, 4, 3, pairs=True)
 
 
 def gemm_tiles(m: int, n: int, k: int, group: int, device: torch.device) -> AwqTiles:

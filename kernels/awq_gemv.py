@@ -71,6 +71,7 @@ class GemvTiles:
     sub: int = 1
     num_stages: int = 1
     atomic: bool = True
+    prefetch: bool = False  # load the next tile before this one's arithmetic (Triton pipelines only dots)
 
 
 @triton.jit
@@ -168,6 +169,7 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     ATOMIC: tl.constexpr,
+    PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -187,6 +189,10 @@ def _gemv_kernel(
     a5 = tl.zeros((BLOCK_W,), tl.float32)
     a6 = tl.zeros((BLOCK_W,), tl.float32)
     a7 = tl.zeros((BLOCK_W,), tl.float32)
+    last_row = groups * (GROUP // SUB) - 1
+    if PREFETCH:
+        k0 = tl.minimum(g_lo * (GROUP // SUB) + rk, last_row)
+        w_next = tl.load(qw_ptr + k0.to(tl.int64)[:, None] * words + rw[None, :], mask=w_ok[None, :], other=0)
     for g in range(g_lo, g_hi):
         d0 = tl.zeros((BLOCK_W,), tl.float32)
         d1 = tl.zeros((BLOCK_W,), tl.float32)
@@ -199,7 +205,18 @@ def _gemv_kernel(
         xs = 0.0
         for kt in range(0, GROUP // SUB, BLOCK_K):
             kk = g * (GROUP // SUB) + kt + rk
-            w = tl.load(qw_ptr + kk.to(tl.int64)[:, None] * words + rw[None, :], mask=w_ok[None, :], other=0)
+            if PREFETCH:
+                w = w_next
+                # The next tile's loads go out before this tile's arithmetic (rows clamped at the end of
+                # the matrix: the last program re-reads a tile it never uses).
+                nk = tl.minimum(kk + BLOCK_K, last_row)
+                w_next = tl.load(
+                    qw_ptr + nk.to(tl.int64)[:, None] * words + rw[None, :], mask=w_ok[None, :], other=0
+                )
+            else:
+                w = tl.load(
+                    qw_ptr + kk.to(tl.int64)[:, None] * words + rw[None, :], mask=w_ok[None, :], other=0
+                )
             x = tl.load(x_ptr + kk).to(tl.float32)  # (BLOCK_K,)
             xs += tl.sum(x, axis=0)
             d0 += _dot1(x, w, 0)
@@ -227,14 +244,15 @@ def _gemv_kernel(
 
 
 def gemv_tiles(n: int, k: int, group: int, device: torch.device) -> GemvTiles:
-    """One warp per program, K shares (of halves of groups if need be) until about eight programs per SM:
-    each holds a few KB of loads in flight, and an SM needs tens of KB to stream at full rate."""
+    """One warp per program and K shares of quarter groups, up to about sixteen programs per SM: a warp has
+    one tile of loads in flight at a time, and on the H200 more and shorter programs streamed faster at
+    every DeepSeek-Coder shape (docs/awq.md)."""
     if device.type != "cuda":
         return GemvTiles(block_k=16, split_k=1, num_warps=1)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     blocks = triton.cdiv(n // PACK, 128)
-    sub = 2 if blocks * (k // group) < 8 * sms else 1
-    split = max(1, min(16 * MAX_SPLIT, sub * k // group, triton.cdiv(8 * sms, blocks)))
+    sub = 4 if group >= 32 else 2
+    split = max(1, min(16 * MAX_SPLIT, sub * k // group, triton.cdiv(16 * sms, blocks)))
     return GemvTiles(block_k=8, split_k=split, num_warps=1, sub=sub)
 
 
@@ -276,7 +294,7 @@ def launch_gemv(
     _gemv_kernel[(blocks, split)](
         x, qweight, qzeros, scales, out, part, counts, n, words, groups, per_split,
         GROUP=group, SUB=tiles.sub, BLOCK_W=block_w, BLOCK_K=tiles.block_k, SPLIT_K=split,
-        ATOMIC=tiles.atomic, PDL=pdl,
+        ATOMIC=tiles.atomic, PREFETCH=tiles.prefetch, PDL=pdl,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, **launch_options(pdl),
     )  # fmt: skip
     return out

@@ -34,6 +34,8 @@ SKINNY = [
     (1, 40, 192, 64, GemvTiles(8, 5, 1, sub=4)),  # quarters of groups: 5 asked, 4 shares of 3 parts
     (1, 16, 256, 128, GemvTiles(16, 3, 1, sub=2)),  # a share ends in the middle of a group
     (1, 1032, 224, 32, GemvTiles(16, 3, 1, atomic=False)),  # partials summed by the last share
+    (1, 40, 192, 64, GemvTiles(8, 5, 1, sub=4, prefetch=True)),  # the last share prefetches past K
+    (1, 72, 256, 128, GemvTiles(16, 1, 1, sub=2, prefetch=True)),
 ]
 GEMM = [
     (37, 40, 64, 32, AwqTiles(16, 32, 32, 1, 4, 1)),  # three M blocks, the last of 5 rows
