@@ -53,9 +53,11 @@ class FastRunner:
     "auto" (the faster per graph bucket, timed in `capture`; eager steps take the skinny GEMM). `pdl`: launch
     with programmatic dependent launch (sm_90+); None: where the GPU supports it. `fused_combine`: decode
     attention merges its splits in its last program instead of a second kernel (None: without GQA).
-    `fused_norm`: on the skinny path, the residual add + RMSNorm before QKV and gate/up runs in the GEMM's
-    prologue (two launches a layer fewer); `fused_glu` (with it): the SwiGLU in the gate/up GEMM's epilogue
-    (one more). Both are off: on the H200 they made the GEMMs slower than the launches they save."""
+    `fused_norm`: on the skinny path, the residual add + RMSNorm before QKV and gate/up runs inside the GEMM
+    (two launches a layer fewer); None: "auto" times that graph as a third candidate per bucket, as a
+    first form (the statistic before the weight stream) measured slower than the launches it saves
+    (docs/kernels.md). `fused_glu` (with it): the SwiGLU in the gate/up GEMM's epilogue (one launch more;
+    measured slower, off)."""
 
     def __init__(
         self,
@@ -66,7 +68,7 @@ class FastRunner:
         gemm: str = "auto",
         pdl: bool | None = False,
         fused_combine: bool | None = None,
-        fused_norm: bool = False,
+        fused_norm: bool | None = None,
         fused_glu: bool = False,
     ) -> None:
         if gemm not in GEMM_CHOICES:
@@ -89,9 +91,12 @@ class FastRunner:
         self.gemm = gemm
         self.skinny = gemm != "cublas"  # read by `linear` while a forward is traced or run
         self.pdl = pdl_supported(dev) if pdl is None else pdl
-        self.chosen: dict[int, str] = {}  # bucket -> "cublas" | "skinny", filled by capture
+        self.chosen: dict[int, str] = {}  # bucket -> "cublas" | "skinny" | "skinny+norm", filled by capture
         self.graph_pool_bytes = 0  # GPU memory of the captured graphs, measured by capture
+        # None: with gemm="auto", the fused skinny graph is one more candidate per bucket (timed in
+        # capture); eager steps do not fuse.
         self.fused_norm = fused_norm
+        self.norm_now = fused_norm is True  # read by `norm_linear` while a forward is traced or run
         self.fused_glu = fused_glu  # applies with fused_norm
         # Decode attention's arrival counters (one per KV head, zero between launches): with them the last
         # split merges the partials itself, one launch a layer fewer. By default only without GQA: the
@@ -139,7 +144,7 @@ class FastRunner:
         fresh buffer) and with `fused_glu` the SwiGLU in its epilogue; else the norm kernel (residual updated
         in place) and the SwiGLU kernel."""
         eps = self.cfg.rms_norm_eps
-        if self.fused_norm and self.skinny and packed is None and x.shape[0] <= MAX_M:
+        if self.norm_now and self.skinny and packed is None and x.shape[0] <= MAX_M:
             new_residual = torch.empty_like(residual)
             norm = NormPrologue(residual, norm_w, eps, new_residual)
             fuse_glu = glu and self.fused_glu
@@ -243,7 +248,7 @@ class FastRunner:
             for b in self.buckets:  # eager runs compile the Triton kernels (and set up cuBLAS) per shape
                 self.last.fill_(b - 1)
                 for choice in self._choices(b):
-                    self.skinny = choice == "skinny"
+                    self._use(choice)
                     self.forward(self.ids[:b], self.start, self.last, 0)
         torch.cuda.current_stream().wait_stream(side)
         # The pool's size is what the captures add to the reserved memory, cached free blocks released on
@@ -256,22 +261,29 @@ class FastRunner:
         losers: list[Graph] = []
         for i, (slot, b) in enumerate(todo):
             if b in self.chosen:
-                self.skinny = self.chosen[b] == "skinny"
+                self._use(self.chosen[b])
                 self.graphs[(slot, b)] = self._capture_one(b, slot)
             else:
                 self.chosen[b], self.graphs[(slot, b)] = self._time_choices(b, slot, losers)
             if progress:
                 progress("capturing CUDA graphs", i + 1, len(todo))
-        self.skinny = self.gemm != "cublas"
+        self.skinny, self.norm_now = self.gemm != "cublas", self.fused_norm is True
         torch.cuda.synchronize()
         losers.clear()
         torch.cuda.empty_cache()
         self.graph_pool_bytes = torch.cuda.memory_reserved() - reserved
 
+    def _use(self, choice: str) -> None:
+        """Set the flags `linear` and `norm_linear` read for a GEMM choice."""
+        self.skinny = choice != "cublas"
+        self.norm_now = choice == "skinny+norm" or (self.skinny and self.fused_norm is True)
+
     def _choices(self, bucket: int) -> tuple[str, ...]:
         if bucket > MAX_M or self.gemm == "cublas":
             return ("cublas",)
-        return ("cublas", "skinny") if self.gemm == "auto" else ("skinny",)
+        if self.gemm == "auto":
+            return ("cublas", "skinny", "skinny+norm") if self.fused_norm is None else ("cublas", "skinny")
+        return ("skinny",)
 
     def _capture_one(self, bucket: int, slot: int) -> Graph:
         graph = torch.cuda.CUDAGraph()
@@ -286,7 +298,7 @@ class FastRunner:
         timed: dict[str, tuple[float, Graph]] = {}
         self.last.fill_(bucket - 1)  # the timed replays run: `last` must index this bucket's rows
         for choice in self._choices(bucket):
-            self.skinny = choice == "skinny"
+            self._use(choice)
             captured = self._capture_one(bucket, slot)
             samples = []
             for rep in range(12 if len(self._choices(bucket)) > 1 else 0):

@@ -113,8 +113,12 @@ def _skinny_kernel(
             pack=1,
         )
     pdl_wait(PDL)  # x is the previous kernel's output
-    if NORM:
+    # With whole rows (no split-K) the norm's statistic accumulates from the tiles streamed anyway and
+    # scales the product at the end, so the weight stream starts at once; a K share must see the whole row
+    # first. The late form skips one bf16 rounding (of the normalised row): a few ulps, not the same bits.
+    if NORM and SPLIT_K > 1:
         inv_rms = _row_inv_rms(x_ptr, res_ptr, rm, M, K, eps, BLOCK_M, BLOCK_KF)
+    sum_sq = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, k_per_split, BLOCK_K):
@@ -139,9 +143,14 @@ def _skinny_kernel(
             h_stored = h.to(x_ptr.dtype.element_ty)
             if pid_n == 0:
                 tl.store(res_out_ptr + x_row + kk[None, :], h_stored, mask=x_mask)
-            normed = (h_stored.to(tl.float32) * inv_rms[:, None]).to(x_ptr.dtype.element_ty)
             nw = tl.load(norm_w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-            a = (normed.to(tl.float32) * nw[None, :]).to(w_ptr.dtype.element_ty)
+            if SPLIT_K == 1:
+                hf = h_stored.to(tl.float32)
+                sum_sq += tl.sum(hf * hf, 1)
+                a = (hf * nw[None, :]).to(w_ptr.dtype.element_ty)
+            else:
+                normed = (h_stored.to(tl.float32) * inv_rms[:, None]).to(x_ptr.dtype.element_ty)
+                a = (normed.to(tl.float32) * nw[None, :]).to(w_ptr.dtype.element_ty)
         else:
             a = tl.load(x_ptr + x_row + kk[None, :], mask=x_mask, other=0.0)
         if UPCAST:
@@ -156,6 +165,10 @@ def _skinny_kernel(
     out_off = rm[:, None] * N + rn[None, :]
     out_mask = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1:
+        if NORM:  # no split-K here: the late form
+            late_inv = tl.rsqrt(sum_sq / K + eps)
+            acc *= late_inv[:, None]
+            acc_up *= late_inv[:, None]
         tl.store(out_ptr + out_off, _finish(acc, acc_up, out_ptr, GLU), mask=out_mask)
     else:
         halves = 2 if GLU else 1

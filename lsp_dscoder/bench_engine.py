@@ -159,6 +159,7 @@ def bench_model(
     built, pieces = start_engine_measured(cfg, weights, max_context=8192 + 64)
     progress(f"warm-up done ({built.warmup_s:.1f} s)")
     result: dict[str, Any] = {"model": label, "floors": floors, "warmup_s": built.warmup_s, "rows": []}
+    result["gemm_choice"] = dict(getattr(built.runner, "chosen", {}))  # per graph bucket, timed at warm-up
     result["parity_rel_l2"] = parity(built, hf, cfg)
     progress("parity done")
     for name, (new, prefix) in SCENARIOS.items():
@@ -273,6 +274,11 @@ def print_table(r: dict[str, Any]) -> None:
         f"{k}: {v:.1f} s" if v is not None else f"{k}: failed" for k, v in r.get("startup", {}).items()
     )
     print(f"warm-up in this process: {r['warmup_s']:.1f} s; {starts}")
+    if r.get("gemm_choice"):
+        print(
+            "GEMM choice per graph bucket (tokens: choice): "
+            + ", ".join(f"{b}: {c}" for b, c in r["gemm_choice"].items())
+        )
     if "memory_bytes" in r:
         print(
             "GPU memory (GB, measured around each allocation): "
