@@ -114,7 +114,7 @@ class Document:
                 b, _ = index.locate(text, end.line, end.character, encoding, self.scan)
             except PositionError as exc:
                 raise DocumentSyncError(f"change {number}: range {_show(change.range)}: {exc}") from None
-            text = text[:a] + new + text[b:]
+            text = "".join((text[:a], new, text[b:]))  # two copies of the text where `+` makes three
             index = index.replaced(text, a, b, len(new), self.scan)
         if self.out_of_sync is not None and not whole:
             raise DocumentSyncError(f"still out of sync: {self.out_of_sync}")
