@@ -215,6 +215,7 @@ class RemoteBackend:
         except (OSError, http.client.HTTPException, RemoteError) as exc:
             stop, error = self._failed(handle, request, exc)
         finally:
+            conn = handle.connection or conn  # the retry's connection, if the first one was replaced
             if conn is not None:  # cut mid-stream: the connection cannot carry another request
                 handle.attach(None)
                 abort(conn)
