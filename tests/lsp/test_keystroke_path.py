@@ -12,6 +12,7 @@ import pytest
 from lsprotocol import types
 
 from lsp_dscoder.documents import change_params
+from lsp_dscoder.framing import Framer
 from lsp_dscoder.protocol import PARTIAL_COMPLETION, DscoderServer
 from lsp_dscoder.server import create_server
 from lsp_dscoder.settings import parse
@@ -141,3 +142,17 @@ async def test_a_request_before_the_engine_is_ready_is_one_null_response() -> No
     await ls.protocol._request_futures[9]
     await asyncio.sleep(0)  # the response is written by the future's callback
     assert writes.messages() == [{"jsonrpc": "2.0", "id": 9, "result": None}]
+
+
+def test_canonical_headers_frame_the_same_in_any_chunking() -> None:
+    bodies = [
+        json.dumps({"jsonrpc": "2.0", "method": "m", "params": {"i": i, "s": "😀" * i}}).encode()
+        for i in range(3)
+    ]
+    stream = b"".join(b"Content-Length: %d\r\n\r\n%s" % (len(b), b) for b in bodies)
+    skipped: list[str] = []
+    for size in (1, 2, 7, 16, 17, 19, len(stream)):
+        framer = Framer(skipped.append)
+        got = [body for at in range(0, len(stream), size) for body in framer.feed(stream[at : at + size])]
+        assert got == bodies and framer.pending == 0
+    assert skipped == []
