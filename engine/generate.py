@@ -64,7 +64,7 @@ class Healing:
     chosen only when the model is that much surer of it. 1 is plain healing; inf takes a covering
     token whenever one exists."""
 
-    partial_odds: float = 4.0
+    partial_odds: float = 16.0
 
     def __post_init__(self) -> None:
         if not self.partial_odds >= 1.0:
