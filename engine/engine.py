@@ -24,7 +24,7 @@ from lsp_dscoder.engine.checkpoint import resolve_model
 from lsp_dscoder.engine.config import EngineConfig, ModelConfig
 from lsp_dscoder.engine.errors import CheckpointError, ContextOverflowError, EngineClosedError, EngineError
 from lsp_dscoder.engine.factory import ReferenceRunner as ReferenceRunner  # where callers have found it
-from lsp_dscoder.engine.factory import assemble
+from lsp_dscoder.engine.factory import assemble, wants_fast_path
 from lsp_dscoder.engine.generate import generate
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.engine.weights import load_weights
@@ -196,7 +196,9 @@ class Engine:
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise EngineError(f"device {config.device} requested but CUDA is not available here")
-        weights = load_weights(folder, self.model_config, self.device, config.torch_dtype, report)
+        # AWQ layers stay packed for the fast path's dequantizing kernels
+        packed = wants_fast_path(config.fast_path, self.device, self.model_config)
+        weights = load_weights(folder, self.model_config, self.device, config.torch_dtype, report, packed)
         self.max_context = config.max_context
         report("allocating KV cache", 0, 1)
         built = assemble(

@@ -18,7 +18,7 @@ from lsp_dscoder.engine.errors import EngineError
 from lsp_dscoder.engine.generate import Interrupted, Runner
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
-from lsp_dscoder.engine.weights import Weights
+from lsp_dscoder.engine.weights import Weights, dequantized_weights
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
@@ -104,4 +104,6 @@ def assemble(
             if fast_path:
                 raise EngineError(f"the fast path failed to start: {e}") from e
             log.error("fast path unavailable (%s); serving with the reference path", e)
+    if any(layer.quant is not None for layer in weights.layers):
+        model = Transformer(cfg, dequantized_weights(weights, dtype), cache.capacity)
     return Assembly(model, cache, ReferenceRunner(model, cache), False, 0.0)

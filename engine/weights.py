@@ -233,6 +233,15 @@ def quant_layer_weights(
     )
 
 
+def dequantized_weights(weights: Weights, dtype: torch.dtype) -> Weights:
+    """`weights` with every packed AWQ layer dequantized (the reference path cannot run packed layers)."""
+    layers = [
+        quant_layer_weights(w.quant, (w.input_norm, w.post_norm), dtype, packed=False) if w.quant else w
+        for w in weights.layers
+    ]
+    return Weights(embed=weights.embed, layers=layers, norm=weights.norm, lm_head=weights.lm_head)
+
+
 def random_weights(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> Weights:
     """Random tensors with the config's exact shapes (benchmarks at real model sizes without a download).
     An AWQ config gets random packed layers (kept packed), with weights of about the same spread."""

@@ -18,6 +18,7 @@ from lsp_dscoder.engine.awq import AwqConfig
 from lsp_dscoder.engine.config import EngineConfig, ModelConfig
 from lsp_dscoder.engine.engine import Engine
 from lsp_dscoder.engine.errors import CheckpointError, UnsupportedModelError
+from lsp_dscoder.engine.factory import assemble
 from lsp_dscoder.engine.fast import FastRunner
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
@@ -289,3 +290,18 @@ def test_cli_quantize(
     # The default tiny model's intermediate size (176) is no multiple of 128: refused, exit code 2.
     assert main(["quantize", str(tiny_model), str(tmp_path / "no")]) == 2
     assert "cannot be AWQ-packed with group_size 128" in capsys.readouterr().err
+
+
+def test_packed_weights_served_by_the_reference_path_are_dequantized(quantized: dict[str, Path]) -> None:
+    """The engine loads AWQ layers packed wherever it wants the fast path; when the reference path serves
+    instead (the fast path failed to start), the packed layers are dequantized, not run as meta tensors."""
+    folder = quantized["rtn"]
+    cfg = ModelConfig.from_file(folder / "config.json")
+    packed = load_weights(folder, cfg, CPU, torch.float32, packed=True)
+    built = assemble(
+        cfg, packed, num_slots=1, max_context=64, device=CPU, dtype=torch.float32, fast_path=False
+    )
+    assert not built.fast_path and built.model.w.layers[0].quant is None
+    dense_weights = load_weights(folder, cfg, CPU, torch.float32)
+    for got, want in zip(built.model.w.layers, dense_weights.layers, strict=True):
+        assert torch.equal(got.wqkv, want.wqkv) and torch.equal(got.w_down, want.w_down)
