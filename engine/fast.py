@@ -54,10 +54,10 @@ class FastRunner:
     with programmatic dependent launch (sm_90+); None: where the GPU supports it. `fused_combine`: decode
     attention merges its splits in its last program instead of a second kernel (None: without GQA).
     `fused_norm`: on the skinny path, the residual add + RMSNorm before QKV and gate/up runs inside the GEMM
-    (two launches a layer fewer); None: "auto" times that graph as a third candidate per bucket, as a
-    first form (the statistic before the weight stream) measured slower than the launches it saves
-    (docs/kernels.md). `fused_glu` (with it): the SwiGLU in the gate/up GEMM's epilogue (one launch more;
-    measured slower, off)."""
+    (two launches a layer fewer); None: "auto" times that graph as a third candidate per bucket. Off by
+    default: both forms measured slower on the H200 than the launches they save, and auto never picked it
+    while it cost the warm-up a third capture per bucket (docs/kernels.md). `fused_glu` (with it): the
+    SwiGLU in the gate/up GEMM's epilogue (one launch more; measured slower, off)."""
 
     def __init__(
         self,
@@ -68,7 +68,7 @@ class FastRunner:
         gemm: str = "auto",
         pdl: bool | None = False,
         fused_combine: bool | None = None,
-        fused_norm: bool | None = None,
+        fused_norm: bool | None = False,
         fused_glu: bool = False,
     ) -> None:
         if gemm not in GEMM_CHOICES:
