@@ -1,12 +1,13 @@
 """`lsp-dscoder bench --protocol`: a typing session through a real `lsp-dscoder --stdio` process.
 
 Per document size (generated Python of ~1K/8K/64K tokens): open it, ask once (the cold prompt, not
-counted), time bare `dscoder/stats` round trips, then type keystrokes. A keystroke is one write of
-`didChange` + `$/cancelRequest` of the previous request (if still unanswered) + `inlineCompletion`; the
-next one starts once this one is answered (first partial or response) and `--interval-ms` has passed
-since it was written. Two keystrokes in every four type the first character of the suggestion shown,
-when one is shown: the server answers those from memory. Client times are request written → first
-`dscoder/partialCompletion` or response read; the server's own times come from its request log line.
+counted), time bare round trips (`dscoder/stats` asking for no request records), then type keystrokes.
+A keystroke is one write of `didChange` + `$/cancelRequest` of the previous request (if still
+unanswered) + `inlineCompletion`; the next one starts once this one is answered (first partial or
+response) and `--interval-ms` has passed since it was written. Two keystrokes in every four type the first
+character of the suggestion shown, when one is shown: the server answers those from memory. Client times
+are request written → first `dscoder/partialCompletion` or response read; the server's own times come
+from its request log line.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def add_protocol_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--interval-ms", type=float, default=100.0, help="least time from one keystroke to the next"
     )
-    g.add_argument("--round-trips", type=int, default=20, help="bare dscoder/stats round trips per document")
+    g.add_argument("--round-trips", type=int, default=20, help="bare round trips per document")
     g.add_argument("--device", help="server --device (default: cpu; with --shapes: auto)")
     g.add_argument("--dtype", help="server --dtype (default: the server's)")
     g.add_argument("--settings", default="{}", help="initializationOptions as JSON")
