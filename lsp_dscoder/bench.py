@@ -152,28 +152,21 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"gpu": torch.cuda.get_device_name(), "results": awq}, indent=2))
         return 0
-    from lsp_dscoder.bench_engine import bench_model, print_table, start_engine, startup_times
+    from lsp_dscoder.bench_engine import bench_model, print_table, run_engine, start_engine
 
     if args.startup_probe:
         cfg, weights, _ = build(args.startup_probe, None, with_hf=False)
         print(json.dumps({"warmup_s": start_engine(cfg, weights, 4096 + 64).warmup_s}))
         return 0
-    with_hf = not args.no_transformers and _has_transformers()
-    results = []
-    for shape in [None] if args.model else (args.shapes or "1.3b,6.7b").split(","):
-        cfg, weights, hf = build(shape, args.model, with_hf)
-        label = args.model or f"DeepSeek-Coder {shape} shape, random weights"
-        r = bench_model(label, cfg, weights, hf, args.reps)
-        del weights, hf
-        torch.cuda.empty_cache()
-        if not args.no_startup and shape:
-            r["startup"] = startup_times(shape)
-        results.append(r)
-        if not args.json:
-            print_table(r)
+    if not args.model:  # random weights drawn on the GPU, one shape at a time (33B fits next to transformers)
+        return run_engine(args)
+    cfg, weights, hf = build(None, args.model, not args.no_transformers and _has_transformers())
+    r = bench_model(args.model, cfg, weights, hf, args.reps)
     if args.json:
         gpu = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-        print(json.dumps({**gpu, "results": results}, indent=2))
+        print(json.dumps({**gpu, "results": [r]}, indent=2))
+    else:
+        print_table(r)
     return 0
 
 
