@@ -6,135 +6,29 @@ consumed from a thread (iteration, `result`) or from asyncio (`stream`, `wait`).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import queue
 import threading
-import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
-from functools import partial
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from lsp_dscoder.engine.api import Completion, CompletionRequest, StopReason, TokenEvent
+from lsp_dscoder.engine.api import Completion, CompletionRequest, StopReason
 from lsp_dscoder.engine.checkpoint import resolve_model
 from lsp_dscoder.engine.config import EngineConfig, ModelConfig
 from lsp_dscoder.engine.errors import CheckpointError, ContextOverflowError, EngineClosedError, EngineError
 from lsp_dscoder.engine.factory import ReferenceRunner as ReferenceRunner  # where callers have found it
 from lsp_dscoder.engine.factory import assemble, wants_fast_path
 from lsp_dscoder.engine.generate import generate
+from lsp_dscoder.engine.handle import CompletionHandle as CompletionHandle  # where callers have found it
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.engine.weights import load_weights
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
-
-
-class CompletionHandle:
-    """One submitted request: its token events as they come, then its `Completion` (or error)."""
-
-    def __init__(self, request: CompletionRequest) -> None:
-        self.request = request
-        self.submitted_at = time.perf_counter()
-        self._cancel = threading.Event()
-        self._cond = threading.Condition()
-        self._events: list[TokenEvent] = []
-        self._result: Completion | None = None
-        self._error: EngineError | None = None
-        self._done = False
-        self._wakers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
-
-    def cancel(self) -> None:
-        """Ask the engine to stop at the next check (between layers, decode steps or prefill chunks)."""
-        self._cancel.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
-
-    @property
-    def done(self) -> bool:
-        return self._done
-
-    # -- engine side ---------------------------------------------------------------------------------
-    def _publish(
-        self,
-        event: TokenEvent | None = None,
-        result: Completion | None = None,
-        error: EngineError | None = None,
-    ) -> None:
-        with self._cond:
-            if event is not None:
-                self._events.append(event)
-            if result is not None or error is not None:
-                self._result, self._error, self._done = result, error, True
-            self._cond.notify_all()
-            wakers = list(self._wakers)
-        for loop, flag in wakers:
-            # RuntimeError: the consumer's loop has closed; nobody is listening any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(flag.set)
-
-    # -- consumer side -------------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[TokenEvent]:
-        i = 0
-        while True:
-            with self._cond:
-                self._cond.wait_for(partial(self._has_news, i))
-                new, done = self._events[i:], self._done
-            yield from new
-            i += len(new)
-            if done and not new:
-                self._raise()
-                return
-
-    def _has_news(self, seen: int) -> bool:
-        return len(self._events) > seen or self._done
-
-    def result(self, timeout: float | None = None) -> Completion:
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._done, timeout):
-                raise TimeoutError("completion did not finish in time")
-        self._raise()
-        assert self._result is not None
-        return self._result
-
-    async def stream(self) -> AsyncIterator[TokenEvent]:
-        flag = asyncio.Event()
-        entry = (asyncio.get_running_loop(), flag)
-        with self._cond:
-            self._wakers.append(entry)
-        try:
-            i = 0
-            while True:
-                flag.clear()
-                with self._cond:
-                    new, done = self._events[i:], self._done
-                for event in new:
-                    yield event
-                i += len(new)
-                if done and not new:
-                    self._raise()
-                    return
-                if not new:
-                    await flag.wait()
-        finally:
-            with self._cond:
-                self._wakers.remove(entry)
-
-    async def wait(self) -> Completion:
-        async for _ in self.stream():
-            pass
-        assert self._result is not None
-        return self._result
-
-    def _raise(self) -> None:
-        if self._error is not None:
-            raise self._error
 
 
 class Engine:

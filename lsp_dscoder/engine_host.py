@@ -85,7 +85,6 @@ class EngineHost:
     def _open(self, settings: Settings, progress: Callable[[str, int, int], None]) -> Backend:
         progress("import", 0, 1)
         from lsp_dscoder import engine as api
-        from lsp_dscoder.engine.config import resolve
         from lsp_dscoder.engine.errors import EngineError
 
         self._errors = (EngineError,)
@@ -101,6 +100,8 @@ class EngineHost:
 
             assert self._loop is not None
             return open_remote(settings, model, self.notify, self._loop)
+        from lsp_dscoder.engine.config import resolve  # torch: the in-process engine only
+
         device, dtype = resolve(settings.device, settings.dtype.value)
         config = api.EngineConfig(
             model=model,

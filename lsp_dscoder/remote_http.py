@@ -24,8 +24,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from lsp_dscoder.engine.api import CompletionRequest, TokenEvent
-from lsp_dscoder.engine.engine import CompletionHandle
 from lsp_dscoder.engine.errors import EngineError
+from lsp_dscoder.engine.handle import CompletionHandle
 
 _IDLE_MAX = 4  # kept-alive connections per endpoint; more requests at once than this open new ones
 

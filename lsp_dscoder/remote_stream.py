@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lsp_dscoder.engine.api import CompletionStats, StopReason, TokenEvent
-from lsp_dscoder.engine.generate import StopStringFilter
+from lsp_dscoder.engine.stops import StopStringFilter
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.remote_http import RemoteError
 

@@ -1,0 +1,117 @@
+"""A submitted request as its consumers see it: token events as they come, then the completion. No torch:
+the remote backend's handles are these too."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from functools import partial
+
+from lsp_dscoder.engine.api import Completion, CompletionRequest, TokenEvent
+from lsp_dscoder.engine.errors import EngineError
+
+
+class CompletionHandle:
+    """One submitted request: its token events as they come, then its `Completion` (or error)."""
+
+    def __init__(self, request: CompletionRequest) -> None:
+        self.request = request
+        self.submitted_at = time.perf_counter()
+        self._cancel = threading.Event()
+        self._cond = threading.Condition()
+        self._events: list[TokenEvent] = []
+        self._result: Completion | None = None
+        self._error: EngineError | None = None
+        self._done = False
+        self._wakers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    def cancel(self) -> None:
+        """Ask the engine to stop at the next check (between layers, decode steps or prefill chunks)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    # -- engine side ---------------------------------------------------------------------------------
+    def _publish(
+        self,
+        event: TokenEvent | None = None,
+        result: Completion | None = None,
+        error: EngineError | None = None,
+    ) -> None:
+        with self._cond:
+            if event is not None:
+                self._events.append(event)
+            if result is not None or error is not None:
+                self._result, self._error, self._done = result, error, True
+            self._cond.notify_all()
+            wakers = list(self._wakers)
+        for loop, flag in wakers:
+            # RuntimeError: the consumer's loop has closed; nobody is listening any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(flag.set)
+
+    # -- consumer side -------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[TokenEvent]:
+        i = 0
+        while True:
+            with self._cond:
+                self._cond.wait_for(partial(self._has_news, i))
+                new, done = self._events[i:], self._done
+            yield from new
+            i += len(new)
+            if done and not new:
+                self._raise()
+                return
+
+    def _has_news(self, seen: int) -> bool:
+        return len(self._events) > seen or self._done
+
+    def result(self, timeout: float | None = None) -> Completion:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._done, timeout):
+                raise TimeoutError("completion did not finish in time")
+        self._raise()
+        assert self._result is not None
+        return self._result
+
+    async def stream(self) -> AsyncIterator[TokenEvent]:
+        flag = asyncio.Event()
+        entry = (asyncio.get_running_loop(), flag)
+        with self._cond:
+            self._wakers.append(entry)
+        try:
+            i = 0
+            while True:
+                flag.clear()
+                with self._cond:
+                    new, done = self._events[i:], self._done
+                for event in new:
+                    yield event
+                i += len(new)
+                if done and not new:
+                    self._raise()
+                    return
+                if not new:
+                    await flag.wait()
+        finally:
+            with self._cond:
+                self._wakers.remove(entry)
+
+    async def wait(self) -> Completion:
+        async for _ in self.stream():
+            pass
+        assert self._result is not None
+        return self._result
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
