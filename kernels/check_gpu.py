@@ -28,150 +28,23 @@ import triton
 
 from . import decode_attention as da
 from . import extend_attention as ea
-from .rms_norm import rms_norm, rms_norm_ref
-from .rope_store import rope_cos_sin, rope_store, rope_store_ref
+from .check_cases import (
+    Call,
+    Make,
+    attn_case,
+    attn_cost,
+    fused_decode_case,
+    kv_cache,
+    norm_gemm_case,
+    randn,
+    rel_err,
+    rms_case,
+    rope_case,
+    silu_case,
+)
 from .shapes import MODELS, Model
-from .silu_mul import silu_mul, silu_mul_ref
-from .skinny_gemm import SkinnyWorkspace, skinny_gemm
-from .skinny_parts import NormPrologue
-
-Call = Callable[[], object]
-# make() -> (launch, verify): verify compares what the first launch wrote with the reference.
-Make = Callable[[], tuple[Call, Callable[[], float]]]
-
 
 TINY = (Model("tiny", 64, 4, 2, 40, 16),)
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.double(), want.double()
-    if not torch.isfinite(got).all():
-        return math.inf
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
-
-
-def randn(*shape: int, dev: torch.device) -> torch.Tensor:
-    return torch.randn(*shape, device=dev).to(torch.bfloat16)
-
-
-def kv_cache(m: Model, max_ctx: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    return randn(m.kv_heads, max_ctx, m.head_dim, dev=dev), randn(m.kv_heads, max_ctx, m.head_dim, dev=dev)
-
-
-def rms_case(m: Model, n_tok: int, dev: torch.device) -> Make:
-    def make() -> tuple[Call, Callable[[], float]]:
-        x, res, w = randn(n_tok, m.hidden, dev=dev), randn(n_tok, m.hidden, dev=dev), randn(m.hidden, dev=dev)
-        x0, res0, out = x.clone(), res.clone(), torch.empty_like(x)
-        return (
-            lambda: rms_norm(x, w, 1e-6, residual=res, out=out),
-            lambda: max(rel_err(out, rms_norm_ref(x0, w, 1e-6, residual=res0)), rel_err(res, res0)),
-        )
-
-    return make
-
-
-def silu_case(m: Model, n_tok: int, dev: torch.device) -> Make:
-    def make() -> tuple[Call, Callable[[], float]]:
-        gate_up = randn(n_tok, 2 * m.inter, dev=dev)
-        out = torch.empty(n_tok, m.inter, device=dev, dtype=torch.bfloat16)
-        return lambda: silu_mul(gate_up, out=out), lambda: rel_err(out, silu_mul_ref(gate_up))
-
-    return make
-
-
-def rope_case(m: Model, n_tok: int, start: int, max_ctx: int, dev: torch.device) -> Make:
-    def make() -> tuple[Call, Callable[[], float]]:
-        cos_sin = rope_cos_sin(max_ctx, m.head_dim, 100000.0, 4.0, dev)
-        qkv = randn(n_tok, (m.heads + 2 * m.kv_heads) * m.head_dim, dev=dev)
-        k, v = kv_cache(m, max_ctx, dev)
-        k0, v0, pos = k.clone(), v.clone(), torch.tensor([start], device=dev)
-        out = torch.empty(n_tok, m.heads, m.head_dim, device=dev, dtype=torch.bfloat16)
-
-        def verify() -> float:
-            q_ref = rope_store_ref(qkv, cos_sin, pos, k0, v0, m.heads, m.kv_heads)
-            return max(rel_err(out, q_ref), rel_err(k, k0), rel_err(v, v0))
-
-        return lambda: rope_store(qkv, cos_sin, pos, k, v, m.heads, m.kv_heads, out=out), verify
-
-    return make
-
-
-def attn_case(
-    m: Model,
-    n_tok: int,
-    prefix: int,
-    max_ctx: int,
-    dev: torch.device,
-    decode: bool,
-    splits: int | None = None,
-) -> Make:
-    def make() -> tuple[Call, Callable[[], float]]:
-        q = randn(n_tok, m.heads, m.head_dim, dev=dev)
-        k, v = kv_cache(m, max_ctx, dev)
-        pos = torch.tensor([prefix + n_tok if decode else prefix], device=dev)
-        out, scale = torch.empty_like(q), m.head_dim**-0.5
-        if decode:
-            return (
-                lambda: da.decode_attention(q, k, v, pos, scale, out=out, num_splits=splits),
-                lambda: rel_err(out, da.decode_attention_ref(q, k, v, pos, scale)),
-            )
-        return (
-            lambda: ea.extend_attention(q, k, v, pos, scale, out=out, num_splits=splits),
-            lambda: rel_err(out, ea.extend_attention_ref(q, k, v, pos, scale)),
-        )
-
-    return make
-
-
-def fused_decode_case(m: Model, kv_len: int, max_ctx: int, dev: torch.device) -> Make:
-    """Decode attention merging its own splits (arrival counters), as the fast path may run it."""
-
-    def make() -> tuple[Call, Callable[[], float]]:
-        q = randn(1, m.heads, m.head_dim, dev=dev)
-        k, v = kv_cache(m, max_ctx, dev)
-        pos, out, scale = torch.tensor([kv_len], device=dev), torch.empty_like(q), m.head_dim**-0.5
-        counts = torch.zeros(m.kv_heads, dtype=torch.int32, device=dev)
-        return (
-            lambda: da.decode_attention(q, k, v, pos, scale, out=out, counts=counts),
-            lambda: rel_err(out, da.decode_attention_ref(q, k, v, pos, scale)),
-        )
-
-    return make
-
-
-def norm_gemm_case(m: Model, n_tok: int, n_out: int, dev: torch.device, glu: bool) -> Make:
-    """Residual add + RMSNorm in the skinny GEMM's prologue (QKV, or gate/up with the SwiGLU epilogue: glu),
-    as the fast path runs them for a small step."""
-
-    def make() -> tuple[Call, Callable[[], float]]:
-        x, res, w = (
-            randn(n_tok, m.hidden, dev=dev),
-            randn(n_tok, m.hidden, dev=dev),
-            randn(n_out, m.hidden, dev=dev),
-        )
-        scale = (1 + 0.1 * torch.randn(m.hidden, device=dev)).to(torch.bfloat16)  # a trained norm's spread
-        norm = NormPrologue(res, scale, 1e-6, torch.empty_like(res))
-        out = torch.empty(n_tok, n_out // 2 if glu else n_out, device=dev, dtype=torch.bfloat16)
-        workspace = SkinnyWorkspace.allocate(n_out, 8, dev)
-
-        def verify() -> float:
-            # Against the two kernels it replaces (each checked against its reference in this table): the
-            # same roundings, so the interpreter's truncation cancels out too.
-            a = rms_norm(x, norm.weight, 1e-6, residual=res.clone())
-            y = skinny_gemm(a, w, workspace=workspace)
-            want = silu_mul(y) if glu else y
-            return max(rel_err(out, want), rel_err(norm.residual_out, x + res))
-
-        return lambda: skinny_gemm(x, w, out=out, workspace=workspace, norm=norm, glu=glu), verify
-
-    return make
-
-
-def attn_cost(m: Model, n_tok: int, prefix: int) -> tuple[float, float]:
-    kv_len = prefix + n_tok
-    io = 2 * n_tok * m.heads * m.head_dim * 2 + 2 * m.kv_heads * kv_len * m.head_dim * 2
-    visible = n_tok * prefix + n_tok * (n_tok + 1) / 2  # causal (query, key) pairs
-    return io, 4 * m.heads * m.head_dim * visible
 
 
 def time_us(make: Make, set_bytes: float, dev: torch.device) -> tuple[float, float]:

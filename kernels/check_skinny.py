@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from .check_gpu import measure_floors, randn, rel_err
+from .check_cases import randn, rel_err
+from .check_gpu import measure_floors
 from .shapes import MODELS, Model
 from .silu_mul import silu_mul
 from .skinny_gemm import SkinnyConfig, SkinnyWorkspace, default_config, skinny_gemm, skinny_gemm_ref

@@ -21,7 +21,8 @@ import torch
 
 from lsp_dscoder.kernels import decode_attention as da
 from lsp_dscoder.kernels import extend_attention as ea
-from lsp_dscoder.kernels.check_gpu import Make, attn_cost, kv_cache, measure_floors, randn, rel_err, time_us
+from lsp_dscoder.kernels.check_cases import Make, attn_cost, kv_cache, randn, rel_err
+from lsp_dscoder.kernels.check_gpu import measure_floors, time_us
 from lsp_dscoder.kernels.shapes import MODELS, Model
 
 MAX_CTX = 16384 + 512
