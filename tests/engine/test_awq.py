@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lsp_dscoder.__main__ import main
+from lsp_dscoder.bench_build import shared_state_dict
 from lsp_dscoder.engine import CompletionRequest, SamplingParams
 from lsp_dscoder.engine.awq import AwqConfig
 from lsp_dscoder.engine.config import EngineConfig, ModelConfig
@@ -191,24 +192,7 @@ def test_engine_generates_what_transformers_does_on_the_dequantized_weights(
     cfg = ModelConfig.from_file(folder / "config.json")
     w = load_weights(folder, cfg, CPU, torch.float32)
     hf = LlamaForCausalLM.from_pretrained(dense_folder(folder), dtype=torch.float32).eval()
-    q, k, v = w.layers[0].wqkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size])
-    state = {"model.embed_tokens.weight": w.embed, "model.norm.weight": w.norm, "lm_head.weight": w.lm_head}
-    for n, layer in enumerate(w.layers):
-        q, k, v = layer.wqkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size])
-        gate, up = layer.w_gate_up.chunk(2)
-        p = f"model.layers.{n}."
-        state |= {
-            p + "self_attn.q_proj.weight": q,
-            p + "self_attn.k_proj.weight": k,
-            p + "self_attn.v_proj.weight": v,
-            p + "self_attn.o_proj.weight": layer.wo,
-            p + "mlp.gate_proj.weight": gate,
-            p + "mlp.up_proj.weight": up,
-            p + "mlp.down_proj.weight": layer.w_down,
-            p + "input_layernorm.weight": layer.input_norm,
-            p + "post_attention_layernorm.weight": layer.post_norm,
-        }
-    hf.load_state_dict(state)
+    hf.load_state_dict(shared_state_dict(cfg, w))  # the dequantized weights, unfused
     prompt = [5, 77, 190, 33, 250, 12]
     want = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None)
     with Engine(EngineConfig(model=folder, max_context=64)) as eng:
