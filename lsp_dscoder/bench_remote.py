@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from lsp_dscoder.bench_protocol import SIZES, Plan, bench_server
-from lsp_dscoder.bench_report import _dist
+from lsp_dscoder.bench_report import distribution
 from lsp_dscoder.bundled import default_model_path
 from lsp_dscoder.remote_wire import TRACE_ENV
 
@@ -188,9 +188,9 @@ def pair(documents: list[dict[str, Any]], direct: list[tuple[dict[str, Any], Dir
             rows["own_ms"].append(through - endpoint)  # as the direct time: written -> first chunk read
             for name, value in ours.items():
                 stages.setdefault(name, []).append(value)
-        doc["remote"] = {name: _dist(values) for name, values in rows.items()}
+        doc["remote"] = {name: distribution(values) for name, values in rows.items()}
         doc["remote"]["same_prompt_length"] = same
-        doc["remote"]["stages_ms"] = {name: _dist(values)["p50"] for name, values in stages.items()}
+        doc["remote"]["stages_ms"] = {name: distribution(values)["p50"] for name, values in stages.items()}
 
 
 _PIPES = "pipes and JSON-RPC (client - server)"

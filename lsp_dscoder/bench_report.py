@@ -37,7 +37,7 @@ def _ms(seconds: float) -> float:
     return seconds * 1000.0
 
 
-def _dist(values: Iterable[float | int | None]) -> dict[str, Any]:
+def distribution(values: Iterable[float | int | None]) -> dict[str, Any]:
     kept = [float(v) for v in values if v is not None]
     p = percentiles(deque(kept))
     return {"p50": p["p50"], "p90": p["p90"], "n": len(kept)}
@@ -73,27 +73,29 @@ def summarize(
         "cold_ms": _ms((cold.first_read or cold.written) - cold.written),
         "cold_record": client.records.get(cold.id),
         "steps_key": steps_key,
-        "round_trip_ms": _dist(_ms(c.response_read - c.written) for c in trips if c.response_read),
-        "client_engine_ms": _dist(client_ms.get(k.call.id) for k, _ in engine),
-        "server_first_partial_ms": _dist(r.get("firstPartialMs") for _, r in engine),
-        "engine_ttft_ms": _dist(r.get("engineTtftMs") for _, r in engine),
-        "engine_text_ms": _dist(r.get("engineTextMs") for _, r in engine),
-        "queue_ms": _dist(r.get("queueMs") for _, r in engine),
+        "round_trip_ms": distribution(_ms(c.response_read - c.written) for c in trips if c.response_read),
+        "client_engine_ms": distribution(client_ms.get(k.call.id) for k, _ in engine),
+        "server_first_partial_ms": distribution(r.get("firstPartialMs") for _, r in engine),
+        "engine_ttft_ms": distribution(r.get("engineTtftMs") for _, r in engine),
+        "engine_text_ms": distribution(r.get("engineTextMs") for _, r in engine),
+        "queue_ms": distribution(r.get("queueMs") for _, r in engine),
         # The engine's own part is generation start -> first visible text; everything else the user
         # waited for is ours: pipes, framing, the edit, prompt, submit (queue included), the hop back, write.
-        "client_minus_text_ms": _dist(
+        "client_minus_text_ms": distribution(
             client_ms[k.call.id] - r["engineTextMs"]
             for k, r in engine
             if k.call.id in client_ms and r.get("engineTextMs") is not None
         ),
-        "client_minus_server_ms": _dist(
+        "client_minus_server_ms": distribution(
             client_ms[k.call.id] - r["firstPartialMs"]
             for k, r in engine
             if k.call.id in client_ms and r.get("firstPartialMs") is not None
         ),
-        "steps_before_partial": _dist(r.get(steps_key) for _, r in engine) if steps_key else _dist(()),
-        "prefilled_tokens": _dist(r.get("prefilledTokens") for _, r in engine),
-        "client_memory_ms": _dist(client_ms.get(k.call.id) for k in memory),
+        "steps_before_partial": distribution(r.get(steps_key) for _, r in engine)
+        if steps_key
+        else distribution(()),
+        "prefilled_tokens": distribution(r.get("prefilledTokens") for _, r in engine),
+        "client_memory_ms": distribution(client_ms.get(k.call.id) for k in memory),
         "keys": [  # each keystroke as sent and as the server recorded it
             {"typed": k.typed, "through": k.through, "client_ms": client_ms.get(k.call.id), "record": r}
             for k, r in zip(keys, records, strict=True)
