@@ -18,7 +18,8 @@ if TYPE_CHECKING:
         TokenEvent,
     )
     from lsp_dscoder.engine.config import EngineConfig, ModelConfig
-    from lsp_dscoder.engine.engine import CompletionHandle, Engine
+    from lsp_dscoder.engine.engine import Engine
+    from lsp_dscoder.engine.handle import CompletionHandle
 
 _WHERE = {
     **dict.fromkeys(

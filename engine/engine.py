@@ -22,7 +22,7 @@ from lsp_dscoder.engine.errors import CheckpointError, ContextOverflowError, Eng
 from lsp_dscoder.engine.factory import ReferenceRunner as ReferenceRunner  # where callers have found it
 from lsp_dscoder.engine.factory import assemble, wants_fast_path
 from lsp_dscoder.engine.generate import generate
-from lsp_dscoder.engine.handle import CompletionHandle as CompletionHandle  # where callers have found it
+from lsp_dscoder.engine.handle import CompletionHandle
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.engine.weights import load_weights
 

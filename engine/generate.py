@@ -19,7 +19,7 @@ import torch
 
 from lsp_dscoder.engine.api import Completion, CompletionRequest, CompletionStats, StopReason, TokenEvent
 from lsp_dscoder.engine.kv_cache import KVCache, Match
-from lsp_dscoder.engine.stops import StopStringFilter as StopStringFilter
+from lsp_dscoder.engine.stops import StopStringFilter
 from lsp_dscoder.engine.tokenizer import Tokenizer
 
 MAX_REWOUND_HEAL = 32  # characters: healing longer text than this is not worth a saved prefill

@@ -16,7 +16,8 @@ from transformers import LlamaForCausalLM
 from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams, StopReason
 from lsp_dscoder.engine.engine import ReferenceRunner
 from lsp_dscoder.engine.errors import EngineError
-from lsp_dscoder.engine.generate import HEALING, StopStringFilter, generate
+from lsp_dscoder.engine.generate import HEALING, generate
+from lsp_dscoder.engine.stops import StopStringFilter
 
 
 def fim_prompt(engine: Engine, before: str, after: str) -> tuple[int, ...]:
