@@ -23,6 +23,7 @@ from .contract import (
     check_tensor,
     interpreting,
 )
+from .extend_prefill import PrefillTiles, launch_prefill, prefill_tiles
 from .pdl import check_pdl, launch_options, pdl_enter
 from .split_kv import (
     LOG2E,
@@ -160,12 +161,13 @@ def extend_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     pdl: bool = False,
-    tiles: Tiles | None = None,
+    tiles: Tiles | PrefillTiles | None = None,
 ) -> torch.Tensor:
     """Causal attention of q (T, H, D) at positions start..start+T-1 over k_cache/v_cache (KVH, max_ctx, D)
     positions [0, start + T); start is a 1-element int32/int64 device tensor. Returns (T, H, D) in q.dtype.
-    num_splits: splits of the key range (None: from the shapes and the SM count). tiles: None for
-    `tiles_for` (the tuning sweep passes others)."""
+    num_splits: splits of the key range (None: from the shapes and the SM count). tiles: the kernel and
+    its tiles (None: extend_prefill's for long steps, else this kernel's `tiles_for`; the tuning sweeps pass
+    others)."""
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     n_tok, n_heads, head_dim = q.shape
     check_head_dim(head_dim)
@@ -176,6 +178,13 @@ def extend_attention(
     out = check_out(out, tuple(q.shape), q.dtype, q.device)
     check_pdl(pdl, q.device)
 
+    if tiles is None:
+        tiles = prefill_tiles(n_tok, q.device)
+    if isinstance(tiles, PrefillTiles):
+        if q.dtype == torch.float32 and q.device.type == "cuda":
+            # fp32 tiles are twice the bytes: two stages keep a 128-row tile inside 227 KB of shared memory.
+            tiles = PrefillTiles(tiles.block_m, tiles.block_n, tiles.num_warps, min(tiles.num_stages, 2))
+        return launch_prefill(q, k_cache, v_cache, start, sm_scale, out, num_splits, pdl, tiles)
     group = n_heads // n_kv
     tiles = tiles or tiles_for(n_tok * group)
     row_blocks = triton.cdiv(n_tok * group, tiles.block_m)
