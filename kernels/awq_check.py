@@ -23,12 +23,13 @@ from .awq_dequant import awq_dequant
 from .awq_format import pack_int4
 from .awq_gemm import AwqTiles, awq_gemm, awq_gemm_ref, awq_skinny
 from .awq_gemv import AwqWorkspace, GemvTiles
+from .awq_rows import RowTiles
 from .shapes import by_name
 from .skinny_gemm import SkinnyWorkspace, skinny_gemm
 
 ROTATE_BYTES = 256 * 2**20  # more than L2 several times over
 Packed = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-Tiles = AwqTiles | GemvTiles | None
+Tiles = AwqTiles | GemvTiles | RowTiles | None
 
 
 def copy_bandwidth(device: torch.device) -> float:
@@ -84,14 +85,28 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
     yield None
     if m == 1:
         blocks = triton.cdiv(n // 8, 128)
-        for bk, sub, prefetch, per_sm in ((8, 4, True, 16), (8, 8, False, 32), (8, 8, True, 32),
-                                          (4, 4, True, 16), (8, 2, True, 8), (8, 4, False, 32)):  # fmt: skip
-            yield GemvTiles(bk, split_for(blocks, sub * k // group, per_sm, 512), 1, sub, 1, True, prefetch)
+        yield GemvTiles(8, split_for(blocks, 8 * k // group, 32, 512), 1, 8, 1, True, True)
+    rows = (
+        (16, 1, 1, 4, 24, True),
+        (16, 1, 1, 4, 24, False),
+        (8, 1, 1, 4, 24, True),
+        (16, 1, 1, 8, 32, True),
+        (16, 1, 1, 2, 16, True),
+        (16, 1, 1, 4, 48, True),
+        (16, 1, 2, 4, 12, True),
+        (8, 1, 1, 4, 24, False),
+        (16, 1, 4, 4, 6, True),
+        (8, 2, 1, 4, 16, True),
+        (16, 1, 1, 1, 8, True),
+        (8, 1, 1, 8, 48, True),
+    )
+    for bk, wpt, warps, sub, per_sm, prefetch in rows if m == 1 else rows[2:3] + rows[7:8]:
+        blocks = triton.cdiv(n // 8, 32 * warps * wpt)
+        split = split_for(blocks, sub * k // group, per_sm, 4096)
+        yield RowTiles(bk, wpt, warps, sub, split, prefetch)
     for bk, stages, pairs, per_sm in (
-        (64, 3, False, 2),
         (64, 3, True, 4),
         (32, 4, True, 2),
-        (128, 3, True, 2),
     ):
         split = split_for(triton.cdiv(n, 256), k // group, per_sm)
         yield AwqTiles(16, 256, min(bk, group), split, 4, stages, pairs)
@@ -100,6 +115,9 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
 def name_of(t: Tiles) -> str:
     if t is None:
         return "default"
+    if isinstance(t, RowTiles):
+        how = "/prefetch" if t.prefetch else ""
+        return f"rows k{t.block_k}/wpt{t.words}/w{t.num_warps}/sub{t.sub}/s{t.split_k}{how}"
     if isinstance(t, GemvTiles):
         how = ("" if t.atomic else "/lastsum") + ("/prefetch" if t.prefetch else "")
         return f"gemv k{t.block_k}/s{t.split_k}/w{t.num_warps}/sub{t.sub}/st{t.num_stages}{how}"

@@ -32,6 +32,7 @@ from .pdl import launch_options, pdl_release, pdl_wait
 from .skinny_gemm import MAX_M
 
 GEMV_MAX_M = 1  # a second row of x doubles the FMAs per weight: the tensor cores take M >= 2
+ROWS_MAX = 8  # rows of the CUDA-core kernels (kernels/awq_rows.py): the atomic workspace holds that many
 MAX_SPLIT = 32  # K shares of a tensor-core launch: a workspace holds MAX_SPLIT partials of (16, N), so
 # of one row, 16 * MAX_SPLIT: the CUDA-core kernel's limit
 
@@ -47,14 +48,14 @@ class AwqWorkspace:
 
     partials: torch.Tensor  # (MAX_SPLIT * MAX_M * max_n,) fp32
     counts: torch.Tensor  # (max_n / 128,) int32, zero between launches
-    accum: torch.Tensor  # (max_n,) fp32, zero between launches
+    accum: torch.Tensor  # (ROWS_MAX * max_n,) fp32, zero between launches
 
     @staticmethod
     def allocate(max_n: int, device: torch.device, max_split: int = 32) -> AwqWorkspace:
         return AwqWorkspace(
             torch.empty(max_split * MAX_M * max_n, dtype=torch.float32, device=device),
             torch.zeros(triton.cdiv(max_n, 2 * PACK), dtype=torch.int32, device=device),
-            torch.zeros(max_n, dtype=torch.float32, device=device),
+            torch.zeros(ROWS_MAX * max_n, dtype=torch.float32, device=device),
         )
 
 
