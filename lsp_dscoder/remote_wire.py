@@ -11,15 +11,15 @@ import itertools
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lsp_dscoder.engine.api import CompletionRequest
+from lsp_dscoder.engine.api import CompletionRequest, SamplingParams
 from lsp_dscoder.engine.errors import EngineError
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.remote_config import RemoteConfig
-from lsp_dscoder.remote_http import Endpoint, encode_json
+from lsp_dscoder.remote_http import Endpoint, encode_json, request_head
 
 TRACE_ENV = "LSP_DSCODER_REMOTE_TRACE"
 
@@ -47,9 +47,11 @@ class Wire:
     head: int  # bytes of it before the body
     sent: int = 0
     clock: Stages = field(default_factory=Stages)
+    first_timings: Mapping[str, Any] | None = None  # the endpoint's own timings in its first text chunk
 
     def trace_line(self, seq: int, submitted: float, first_text: bool) -> bytes:
         head = {"seq": seq, "submitted": submitted, "stagesMs": self.clock.ms if first_text else None}
+        head["firstTimings"] = None if self.first_timings is None else dict(self.first_timings)
         return json.dumps(head).encode()[:-1] + b',"body":%s}\n' % self.data[self.head :]
 
 
@@ -60,6 +62,9 @@ class RequestWriter:
         self.config, self.endpoint, self.tokenizer = config, endpoint, tokenizer
         self._key = api_key
         self._prompts = PromptIds(tokenizer.vocab_size)
+        self._head = request_head("POST", endpoint, endpoint.path("/v1/completions"), self.headers())
+        # the body after the prompt, per sampling parameters and model: the same on every keystroke
+        self._tails: dict[tuple[SamplingParams, str | None], bytes] = {}
         self._text_tokenizer: Any = None
         if not config.token_ids:  # decoding a prompt to text keeps its FIM tokens
             from tokenizers import Tokenizer as HFTokenizer
@@ -68,6 +73,10 @@ class RequestWriter:
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._key}"} if self._key else {}
+
+    def get_bytes(self, path: str) -> bytes:
+        """A GET request without a body (the model list)."""
+        return request_head("GET", self.endpoint, path, self.headers()) + b"0\r\n\r\n"
 
     def wire(self, request: CompletionRequest, model: str | None) -> Wire:
         """The request as it goes out: the prompt with the healed tokens, as an HTTP POST. EngineError
@@ -82,10 +91,15 @@ class RequestWriter:
                 prompt = encode_json(self._as_text(ids))
         except ValueError as exc:
             raise EngineError(str(exc)) from None
-        body = b'{"prompt":' + prompt + b"," + encode_json(self._body(request, model))[1:]
-        data = post_bytes(self.endpoint, self.endpoint.path("/v1/completions"), self.headers(), body)
+        tail = self._tails.get((request.params, model))
+        if tail is None:
+            if len(self._tails) >= 16:
+                self._tails.clear()
+            tail = self._tails[request.params, model] = b"," + encode_json(self._body(request, model))[1:]
+        body = b'{"prompt":' + prompt + tail
+        head = self._head + b"%d\r\n\r\n" % len(body)
         clock.mark("encode")
-        return Wire(ids, heal_ids, data, len(data) - len(body), clock=clock)
+        return Wire(ids, heal_ids, head + body, len(head), clock=clock)
 
     def _body(self, request: CompletionRequest, model: str | None) -> dict[str, Any]:
         p = request.params
@@ -169,9 +183,5 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def post_bytes(endpoint: Endpoint, path: str, headers: dict[str, str], body: bytes) -> bytes:
-    """A whole HTTP/1.1 POST of a JSON body, ready for one send."""
-    host = f"[{endpoint.host}]" if ":" in endpoint.host else endpoint.host
-    head = [f"POST {path} HTTP/1.1", f"Host: {host}:{endpoint.port}", "Accept: text/event-stream"]
-    head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
-    head += [f"{k}: {v}" for k, v in headers.items()]
-    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+    """A whole HTTP/1.1 POST of a JSON body, ready for one write."""
+    return request_head("POST", endpoint, path, headers) + b"%d\r\n\r\n" % len(body) + body

@@ -46,7 +46,7 @@ def test_post_bytes_is_one_http_request() -> None:
     )
     assert data == (
         b"POST /v1/completions HTTP/1.1\r\nHost: h:8000\r\nAccept: text/event-stream\r\n"
-        b"Content-Type: application/json\r\nContent-Length: 2\r\nAuthorization: Bearer k\r\n\r\n{}"
+        b"Content-Type: application/json\r\nAuthorization: Bearer k\r\nContent-Length: 2\r\n\r\n{}"
     )
 
 

@@ -1,0 +1,165 @@
+"""One request's exchange with the endpoint, on the event loop: the request written (within `submit` when
+an idle connection is at hand), the response's head, its stream turned into token events as chunks
+arrive, and its end: read to `[DONE]` (the connection goes back to the pool), or cut (cancelled, a stop
+string, a failure), with the endpoint's health told what happened."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from lsp_dscoder.engine.api import CompletionRequest, StopReason
+from lsp_dscoder.engine.tokenizer import Tokenizer
+from lsp_dscoder.remote_config import RemoteConfig
+from lsp_dscoder.remote_handle import RemoteHandle, Watchdog
+from lsp_dscoder.remote_health import Health
+from lsp_dscoder.remote_http import (
+    Body,
+    Endpoint,
+    HttpStatusError,
+    RemoteError,
+    ResponseHead,
+    check_status,
+    describe,
+    read_head,
+    sse_events,
+)
+from lsp_dscoder.remote_pool import Connection, ConnectionPool
+from lsp_dscoder.remote_stream import StreamDecoder, parse_chunk
+from lsp_dscoder.remote_wire import Wire
+
+# what an exchange takes for the endpoint failing (RemoteError included); anything else is a bug
+FAILURES = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, RemoteError, ValueError)
+
+# the backend's bookkeeping once a request has ended: (handle, decoder, wire, ttft, stop, error)
+Finish = Callable[[RemoteHandle, StreamDecoder, Wire, float | None, StopReason, str | None], None]
+
+
+class _Cancelled(Exception):
+    """The stream is to be cut: the request was cancelled, or a stop string ended it here."""
+
+
+class Exchanges:
+    """The requests in flight to one endpoint. Every method runs on the loop's thread."""
+
+    def __init__(
+        self,
+        config: RemoteConfig,
+        tokenizer: Tokenizer,
+        pool: ConnectionPool,
+        health: Health,
+        finish: Finish,
+    ) -> None:
+        self.config, self.tokenizer, self.pool, self.health = config, tokenizer, pool, health
+        self.endpoint: Endpoint = pool.endpoint
+        self.loop = pool.loop
+        self._finish = finish
+        self.tasks: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references
+
+    def start(self, handle: RemoteHandle, wire: Wire) -> None:
+        """Writes the request now when an idle connection is at hand (the endpoint starts on it while
+        this returns), and starts the task that reads its answer."""
+        conn = None if handle.cancelled else self.pool.take()
+        if conn is not None:
+            handle.attach(conn)
+            conn.write(wire.data)
+            wire.sent = len(wire.data)
+            wire.clock.mark("write")
+        task = self.loop.create_task(self._run(handle, wire))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, handle: RemoteHandle, wire: Wire) -> None:
+        request, clock = handle.request, wire.clock
+        decoder = StreamDecoder(self.tokenizer, request.params.stop, handle.publish_events)
+        decoder.healed(wire.heal_ids)
+        dog = Watchdog(self.loop, handle.cut)
+        ttft: float | None = None
+        error: str | None = None
+        stop: StopReason
+        try:
+            if handle.cancelled:
+                raise _Cancelled
+            dog.arm(self._timeout(request, self.config.first_token_timeout_s))
+            conn, head = await self._response(handle, wire, dog)
+            clock.mark("response")
+            body = Body(conn.reader, head)
+            await check_status(head, body)
+            async for event in sse_events(body):
+                if ttft is None:
+                    clock.mark("firstChunk")  # the chunk that carries the first text is the last marked
+                before = decoder.count
+                decoder.feed(parse_chunk(event))
+                if ttft is None and decoder.count > len(wire.heal_ids) and decoder.count > before:
+                    ttft = time.perf_counter() - handle.submitted_at
+                    clock.mark("parse")
+                    wire.first_timings = decoder.timings
+                    # the next keystroke's connection: opened now, not while the endpoint computes
+                    self.pool.replenish()
+                if decoder.stopped:
+                    raise _Cancelled  # a stop string the endpoint did not apply: stop it here
+                dog.arm(self._timeout(request, self.config.read_timeout_s))
+            stop = decoder.stop_reason(request.params.stop)
+            handle.attach(None)
+            if head.will_close:
+                conn.close()
+            else:
+                self.pool.release(conn)
+            self.health.succeeded(completion=True)
+        except _Cancelled:
+            stop = StopReason.STOP_STRING if decoder.stopped else StopReason.CANCELLED
+        except FAILURES as exc:
+            stop, error = self._failed(handle, request, TimeoutError() if dog.expired else exc)
+        finally:
+            dog.stop()
+            cut = handle.connection
+            if cut is not None:  # cut mid-stream: the connection cannot carry another request
+                handle.attach(None)
+                cut.abort()
+            self.pool.replenish()
+        self._finish(handle, decoder, wire, ttft, stop, error)
+
+    async def _response(
+        self, handle: RemoteHandle, wire: Wire, dog: Watchdog
+    ) -> tuple[Connection, ResponseHead]:
+        """Writes the request if `start` could not, and reads the response's head. A kept-alive
+        connection that the server closed just as it was taken fails before any answer: the request then
+        goes once more, on a new connection (nothing of it was streamed yet)."""
+        retried = False
+        while True:
+            conn = handle.connection
+            if conn is None:
+                conn = await self.pool.acquire()  # connects now: the keystroke waits for a handshake
+                handle.attach(conn)  # cut at once if cancelled meanwhile
+                if dog.expired:
+                    raise TimeoutError
+                conn.write(wire.data)
+                wire.clock.mark("write")
+            try:
+                return conn, await read_head(conn.reader)
+            except ConnectionResetError:
+                if retried or handle.cancelled or dog.expired:
+                    raise
+            retried = True
+            handle.attach(None)
+            conn.abort()
+
+    def _timeout(self, request: CompletionRequest, seconds: float) -> float:
+        if request.deadline is None:
+            return seconds
+        return min(seconds, request.deadline - time.monotonic())
+
+    def _failed(
+        self, handle: RemoteHandle, request: CompletionRequest, exc: BaseException
+    ) -> tuple[StopReason, str | None]:
+        if handle.cancelled:
+            return StopReason.CANCELLED, None
+        if request.deadline is not None and time.monotonic() >= request.deadline:
+            return StopReason.DEADLINE, None
+        message = describe(self.endpoint, exc)
+        if isinstance(exc, HttpStatusError) and 400 <= exc.status < 500 and exc.status not in (408, 429):
+            self.health.refused(message)  # the request or the configuration is wrong, not the endpoint
+        else:
+            self.health.failed(message)
+        return StopReason.ERROR, message

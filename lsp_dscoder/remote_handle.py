@@ -1,0 +1,101 @@
+"""A remote request as the server sees it: a completion handle whose cancel cuts its HTTP connection, and
+the timer that gives up on a silent endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from lsp_dscoder.engine.api import Completion, CompletionRequest, TokenEvent
+from lsp_dscoder.engine.errors import EngineError
+from lsp_dscoder.engine.handle import CompletionHandle
+from lsp_dscoder.remote_pool import Connection, on_loop
+
+
+class RemoteHandle(CompletionHandle):
+    """A CompletionHandle whose cancel also cuts the HTTP stream, so the engine stops at once. Its events
+    are published on the loop that reads the stream; a consumer on that loop is woken directly."""
+
+    def __init__(self, request: CompletionRequest, seq: int) -> None:
+        super().__init__(request)
+        self.seq = seq  # the backend's count of requests when this one came
+        self._conn: Connection | None = None
+
+    def cancel(self) -> None:
+        super().cancel()
+        conn = self._conn  # read after the flag is set: attach() reads the flag after setting this
+        if conn is not None:
+            conn.abort()
+
+    def cut(self) -> None:
+        """Cuts the request's connection, if it has one (its time is up)."""
+        conn = self._conn
+        if conn is not None:
+            conn.abort()
+
+    @property
+    def connection(self) -> Connection | None:
+        return self._conn
+
+    def attach(self, conn: Connection | None) -> None:
+        self._conn = conn
+        if conn is not None and self.cancelled:
+            conn.abort()
+
+    def publish_events(self, events: list[TokenEvent]) -> None:
+        """Several events at once, with one wake-up of the consumer."""
+        with self._cond:
+            self._events.extend(events[:-1])
+        self._publish(event=events[-1])
+
+    def _publish(
+        self,
+        event: TokenEvent | None = None,
+        result: Completion | None = None,
+        error: EngineError | None = None,
+    ) -> None:
+        with self._cond:
+            if event is not None:
+                self._events.append(event)
+            if result is not None or error is not None:
+                self._result, self._error, self._done = result, error, True
+            self._cond.notify_all()
+            wakers = list(self._wakers)
+        for loop, flag in wakers:
+            if on_loop(loop):  # the server's handler: no round through the loop's self-pipe
+                flag.set()
+            else:
+                # RuntimeError: the consumer's loop has closed; nobody is listening any more.
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(flag.set)
+
+
+class Watchdog:
+    """A stream's time limit, on the loop: one timer per request, moved forward on every chunk without
+    re-arming it (a late timer re-arms itself once, for the deadline it finds)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, expire: Callable[[], None]) -> None:
+        self._loop, self._expire = loop, expire
+        self._at = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self.expired = False
+
+    def arm(self, seconds: float) -> None:
+        self._at = self._loop.time() + max(seconds, 1e-3)
+        if self._timer is None or self._timer.when() > self._at:
+            self.stop()
+            self._timer = self._loop.call_at(self._at, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        if self._loop.time() < self._at:
+            self._timer = self._loop.call_at(self._at, self._fire)
+            return
+        self.expired = True
+        self._expire()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
