@@ -2,9 +2,9 @@
 `lsp-dscoder --stdio --backend remote`, and the very same requests sent straight to the endpoint.
 
 The server writes each request body it sends to a trace file (`LSP_DSCODER_REMOTE_TRACE`, after the
-stream ends, off the measured path). Once the session is over, those bodies are replayed in order by a
-bare `http.client` client on an already-open connection: request written -> first streamed chunk with
-text. Same token ids, same cache state in the endpoint (greedy, same order), so per keystroke the
+stream ends, off the measured path). Once the session is over, those bodies are replayed in order, with
+the same pauses, by a bare `http.client` client on an already-open connection: request written -> first
+streamed chunk with text. Same token ids, same cache state in the endpoint (greedy, same order), so per keystroke the
 difference between the client's first partial and the direct time is what our server adds.
 
 Without --endpoint, llama.cpp's server (built by `tests/remote/install_llama_server.sh`) is started on
@@ -107,13 +107,24 @@ class Direct:
     processed: int | None  # prompt tokens it computed (`timings.prompt_n`)
 
 
-def send_direct(host: str, port: int, path: str, body: bytes, hold_s: float | None) -> Direct:
-    """`body` sent on an open connection; the stream is read until it ends, or cut `hold_s` after the
-    request was written, when the session's next request came (as the server cuts a superseded one)."""
+def _connect(host: str, port: int) -> http.client.HTTPConnection:
     conn = http.client.HTTPConnection(host, port, timeout=60)
-    conn.connect()  # as the server's spare connection: no handshake on the keystroke
+    conn.connect()
     assert conn.sock is not None
     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def send_direct(
+    conn: http.client.HTTPConnection, path: str, body: bytes, at: float, hold_s: float | None
+) -> tuple[Direct, float]:
+    """`body` sent on `conn` (open: as the server's spare connection, no handshake on the keystroke) at
+    `at` (time.perf_counter), as the session sent it after the one before; the stream is read until it
+    ends, or cut `hold_s` after the request was written, when the session's next request came (as the
+    server cuts a superseded one). Returns the times and when the request was written."""
+    while (wait := at - time.perf_counter()) > 0:
+        time.sleep(wait)
+    assert conn.sock is not None
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     started = time.perf_counter()
     conn.request("POST", path, body, headers)
@@ -135,12 +146,13 @@ def send_direct(host: str, port: int, path: str, body: bytes, hold_s: float | No
             timings = chunk.get("timings") or timings
     conn.sock.shutdown(socket.SHUT_RDWR)
     conn.close()
-    return Direct(head, ttft, timings.get("cache_n"), timings.get("prompt_n"))
+    return Direct(head, ttft, timings.get("cache_n"), timings.get("prompt_n")), started
 
 
 def replay(endpoint: str, trace: Path) -> list[tuple[dict[str, Any], Direct]]:
-    """Every traced request, in the order the server submitted them and with the same time from one to
-    the next, sent again to the endpoint."""
+    """Every traced request sent again to the endpoint, in the order the server submitted them and with
+    the same time from one to the next: an endpoint that idles between keystrokes answers more slowly
+    than one asked back to back (its threads sleep, its caches go cold), so the pauses are kept."""
     entries = sorted(
         (json.loads(line) for line in trace.read_text().splitlines() if line), key=lambda e: e["seq"]
     )
@@ -148,10 +160,16 @@ def replay(endpoint: str, trace: Path) -> list[tuple[dict[str, Any], Direct]]:
     path = parts.path.rstrip("/").removesuffix("/v1") + "/v1/completions"
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     out = []
+    at = time.perf_counter()
+    conn = _connect(host, port)
     for entry, after in zip(entries, [*entries[1:], None], strict=True):
         hold = None if after is None else after["submitted"] - entry["submitted"]
         data = json.dumps(entry["body"], separators=(",", ":")).encode()
-        out.append((entry, send_direct(host, port, path, data, hold)))
+        spare = _connect(host, port)  # the next request's connection, open before this one goes out
+        direct, written = send_direct(conn, path, data, at, hold)
+        out.append((entry, direct))
+        at, conn = written + (hold or 0.0), spare
+    conn.close()
     return out
 
 
@@ -194,8 +212,8 @@ def pair(documents: list[dict[str, Any]], direct: list[tuple[dict[str, Any], Dir
 
 
 _PIPES = "pipes and JSON-RPC (client - server)"
-# request written -> the chunk with the first text read (our reading thread's start overlaps the endpoint)
-_ENDPOINT = ("wake", "response", "firstChunk")
+# request written -> the chunk with the first text read, as our server saw it
+_ENDPOINT = ("response", "firstChunk")
 
 
 ROWS = (
@@ -233,7 +251,7 @@ def print_remote(report: dict[str, Any]) -> None:
         )
     for d in docs:
         stages = ", ".join(f"{k} {v:.3f}" for k, v in d["remote"]["stages_ms"].items() if v is not None)
-        print(f"{d['size']}: p50 ms per stage (wake, response, firstChunk: the endpoint's share): {stages}")
+        print(f"{d['size']}: p50 ms per stage (response, firstChunk: the endpoint's share): {stages}")
 
 
 def run_remote(args: argparse.Namespace) -> int:
