@@ -47,7 +47,7 @@ def _kv_tile(src, row, rows_ok, D: tl.constexpr, ROWS: tl.constexpr, TMA: tl.con
 
 
 @triton.jit
-def _prefill_kernel(
+def _extend_long_kernel(
     q,  # (T, H, D) pointer, or a descriptor of (T, H * D) with (BLOCK_M, D) blocks
     k,  # (KVH, max_ctx, D) pointer, or a descriptor of (KVH * max_ctx, D) with (BLOCK_N, D) blocks
     v,  # as k
@@ -236,7 +236,7 @@ def launch_prefill(
         args: tuple[object, ...] = (qd, kd, vd, start, od)
     else:
         args = (q, k_cache, v_cache, start, out)
-    _prefill_kernel[(n_heads, q_blocks, num_splits)](
+    _extend_long_kernel[(n_heads, q_blocks, num_splits)](
         *args,
         part_o,
         part_lse,
