@@ -1,7 +1,7 @@
 """Extend attention at prefill shapes on a CUDA GPU: each kernel variant (the keystroke kernel, the long-step
 kernel with pointer or tensor-descriptor loads, tiles, key splits) against a reference and the FLOP floor.
 
-    python -m lsp_dscoder.kernels.extend_sweep --out DIR                 # the default tiles only
+    python -m lsp_dscoder.kernels.extend_sweep --out DIR                 # default against the short kernel
     python -m lsp_dscoder.kernels.extend_sweep --out DIR --plan tiles    # every variant
     python -m lsp_dscoder.kernels.extend_sweep --out DIR --warm 3/8      # compile only: part 3 of 8
     TRITON_INTERPRET=1 python -m lsp_dscoder.kernels.extend_sweep --tiny # CPU: exercises this script
@@ -59,11 +59,11 @@ TINY_CASES = (Case("cold", 40, 0, 64), Case("line", 17, 30, 64))
 
 
 def variants(plan: str, case: Case, model: Model) -> Iterator[Variant]:
-    """The default first, then the keystroke kernel at its own tiles, then the long-step tiles."""
+    """The default, the keystroke kernel at its own tiles, then (plan "tiles") the long-step tiles."""
     yield Variant("default", None)
+    yield Variant("short", ea.tiles_for(case.n_tok * model.heads // model.kv_heads))
     if plan == "default":
         return
-    yield Variant("short", ea.tiles_for(case.n_tok * model.heads // model.kv_heads))
     if case.name.startswith("odd"):
         for tma in (True, False):
             yield Variant(f"{'tma' if tma else 'ptr'} 128x64 w4 s3", PrefillTiles(128, 64, 4, 3, tma))
