@@ -86,28 +86,19 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
     if m == 1:
         blocks = triton.cdiv(n // 8, 128)
         yield GemvTiles(8, split_for(blocks, 8 * k // group, 32, 512), 1, 8, 1, True, True)
-    rows = (
-        (16, 1, 1, 4, 24, True),
-        (16, 1, 1, 4, 24, False),
-        (8, 1, 1, 4, 24, True),
-        (16, 1, 1, 8, 32, True),
-        (16, 1, 1, 2, 16, True),
-        (16, 1, 1, 4, 48, True),
-        (16, 1, 2, 4, 12, True),
-        (8, 1, 1, 4, 24, False),
-        (16, 1, 4, 4, 6, True),
-        (8, 2, 1, 4, 16, True),
-        (16, 1, 1, 1, 8, True),
-        (8, 1, 1, 8, 48, True),
-    )
-    for bk, wpt, warps, sub, per_sm, prefetch in rows if m == 1 else rows[2:3] + rows[7:8]:
+    # (block_k, words, warps, sub, programs per SM, prefetch, flat)
+    ones = ((16, 1, 1, 4, 24, True, False), (8, 1, 1, 4, 24, True, True), (4, 1, 1, 4, 24, True, True),
+            (8, 1, 1, 4, 24, True, False), (16, 1, 1, 4, 24, False, False), (8, 1, 1, 8, 32, True, True),
+            (8, 1, 1, 2, 16, True, True), (8, 1, 1, 4, 48, True, True), (8, 1, 2, 4, 12, True, True),
+            (8, 1, 4, 4, 6, True, True), (8, 1, 1, 1, 8, True, True), (4, 1, 1, 4, 48, True, True),
+            (8, 1, 1, 4, 24, False, True), (8, 2, 1, 4, 16, True, False))  # fmt: skip
+    fours = ((4, 1, 1, 4, 24, True, False), (2, 1, 1, 4, 24, True, True), (4, 1, 1, 4, 24, False, False),
+             (2, 1, 1, 8, 32, True, True), (8, 1, 1, 4, 24, False, False))  # fmt: skip
+    for bk, wpt, warps, sub, per_sm, prefetch, flat in ones if m == 1 else fours:
         blocks = triton.cdiv(n // 8, 32 * warps * wpt)
         split = split_for(blocks, sub * k // group, per_sm, 4096)
-        yield RowTiles(bk, wpt, warps, sub, split, prefetch)
-    for bk, stages, pairs, per_sm in (
-        (64, 3, True, 4),
-        (32, 4, True, 2),
-    ):
+        yield RowTiles(bk, wpt, warps, sub, split, prefetch, flat)
+    for bk, stages, pairs, per_sm in ((64, 3, True, 4), (32, 4, True, 2)) if m > 1 else ():
         split = split_for(triton.cdiv(n, 256), k // group, per_sm)
         yield AwqTiles(16, 256, min(bk, group), split, 4, stages, pairs)
 
@@ -116,7 +107,7 @@ def name_of(t: Tiles) -> str:
     if t is None:
         return "default"
     if isinstance(t, RowTiles):
-        how = "/prefetch" if t.prefetch else ""
+        how = ("/prefetch" if t.prefetch else "") + ("/flat" if t.flat else "")
         return f"rows k{t.block_k}/wpt{t.words}/w{t.num_warps}/sub{t.sub}/s{t.split_k}{how}"
     if isinstance(t, GemvTiles):
         how = ("" if t.atomic else "/lastsum") + ("/prefetch" if t.prefetch else "")

@@ -39,12 +39,19 @@ class RowTiles:
     sub: int = 4
     split_k: int = 1
     prefetch: bool = True
+    flat: bool = False  # products add up per tile row (FMA chains), summed over K once a part
 
 
 @triton.jit
-def _rows_dot(x, w, NIB: tl.constexpr):
-    """(ROWS, BLOCK_W): the tile's K sum of x (ROWS, BLOCK_K, BLOCK_W) times nibble NIB's unit values."""
-    return tl.sum(x * unit_f32(w, NIB)[None, :, :], axis=1)
+def _rows_dot(d, x, w, NIB: tl.constexpr, FLAT: tl.constexpr):
+    """d plus x (ROWS, BLOCK_K, BLOCK_W) times nibble NIB's unit values: summed over the tile's K into d
+    (ROWS, 1, BLOCK_W), or with FLAT added elementwise into d (ROWS, BLOCK_K, BLOCK_W), summed once a
+    part: one FMA a product, where Triton's sum is a tree (a multiply, an FMA and an add for two)."""
+    if FLAT:
+        d += x * unit_f32(w, NIB)[None, :, :]
+    else:
+        d += tl.sum(x * unit_f32(w, NIB)[None, :, :], axis=1, keep_dims=True)
+    return d
 
 
 @triton.jit
@@ -75,9 +82,11 @@ def _rows_kernel(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     PREFETCH: tl.constexpr,
+    FLAT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     PART: tl.constexpr = GROUP // SUB
+    DK: tl.constexpr = BLOCK_K if FLAT else 1  # K extent of the nibble accumulators
     WORDS: tl.constexpr = N // 8  # the row stride of qweight
     parts: tl.constexpr = K // PART
     pid_n = tl.program_id(0)
@@ -123,14 +132,14 @@ def _rows_kernel(
         s5 = tl.load(srow + 3, mask=w_ok, other=0.0)
         s6 = tl.load(srow + 5, mask=w_ok, other=0.0)
         s7 = tl.load(srow + 7, mask=w_ok, other=0.0)
-        d0 = tl.zeros((ROWS, BLOCK_W), tl.float32)
-        d1 = tl.zeros((ROWS, BLOCK_W), tl.float32)
-        d2 = tl.zeros((ROWS, BLOCK_W), tl.float32)
-        d3 = tl.zeros((ROWS, BLOCK_W), tl.float32)
-        d4 = tl.zeros((ROWS, BLOCK_W), tl.float32)
-        d5 = tl.zeros((ROWS, BLOCK_W), tl.float32)
-        d6 = tl.zeros((ROWS, BLOCK_W), tl.float32)
-        d7 = tl.zeros((ROWS, BLOCK_W), tl.float32)
+        d0 = tl.zeros((ROWS, DK, BLOCK_W), tl.float32)
+        d1 = tl.zeros((ROWS, DK, BLOCK_W), tl.float32)
+        d2 = tl.zeros((ROWS, DK, BLOCK_W), tl.float32)
+        d3 = tl.zeros((ROWS, DK, BLOCK_W), tl.float32)
+        d4 = tl.zeros((ROWS, DK, BLOCK_W), tl.float32)
+        d5 = tl.zeros((ROWS, DK, BLOCK_W), tl.float32)
+        d6 = tl.zeros((ROWS, DK, BLOCK_W), tl.float32)
+        d7 = tl.zeros((ROWS, DK, BLOCK_W), tl.float32)
         xs = tl.zeros((ROWS, BLOCK_W), tl.float32)
         for kt in range(0, PART, BLOCK_K):
             k0 = p * PART + kt  # first row of the tile
@@ -146,22 +155,22 @@ def _rows_kernel(
                 x = tl.load(x_ptr + k0 + x_off, mask=x_ok, other=0.0)
             xf = x.to(tl.float32)  # (ROWS, BLOCK_K, BLOCK_W)
             xs += tl.sum(xf, axis=1)  # (ROWS, BLOCK_W): each thread's own copy
-            d0 += _rows_dot(xf, w, 0)
-            d1 += _rows_dot(xf, w, 1)
-            d2 += _rows_dot(xf, w, 2)
-            d3 += _rows_dot(xf, w, 3)
-            d4 += _rows_dot(xf, w, 4)
-            d5 += _rows_dot(xf, w, 5)
-            d6 += _rows_dot(xf, w, 6)
-            d7 += _rows_dot(xf, w, 7)
-        a0 += _term(d0, xs, zw, s0, 0)
-        a1 += _term(d1, xs, zw, s1, 1)
-        a2 += _term(d2, xs, zw, s2, 2)
-        a3 += _term(d3, xs, zw, s3, 3)
-        a4 += _term(d4, xs, zw, s4, 4)
-        a5 += _term(d5, xs, zw, s5, 5)
-        a6 += _term(d6, xs, zw, s6, 6)
-        a7 += _term(d7, xs, zw, s7, 7)
+            d0 = _rows_dot(d0, xf, w, 0, FLAT)
+            d1 = _rows_dot(d1, xf, w, 1, FLAT)
+            d2 = _rows_dot(d2, xf, w, 2, FLAT)
+            d3 = _rows_dot(d3, xf, w, 3, FLAT)
+            d4 = _rows_dot(d4, xf, w, 4, FLAT)
+            d5 = _rows_dot(d5, xf, w, 5, FLAT)
+            d6 = _rows_dot(d6, xf, w, 6, FLAT)
+            d7 = _rows_dot(d7, xf, w, 7, FLAT)
+        a0 += _term(tl.sum(d0, axis=1), xs, zw, s0, 0)
+        a1 += _term(tl.sum(d1, axis=1), xs, zw, s1, 1)
+        a2 += _term(tl.sum(d2, axis=1), xs, zw, s2, 2)
+        a3 += _term(tl.sum(d3, axis=1), xs, zw, s3, 3)
+        a4 += _term(tl.sum(d4, axis=1), xs, zw, s4, 4)
+        a5 += _term(tl.sum(d5, axis=1), xs, zw, s5, 5)
+        a6 += _term(tl.sum(d6, axis=1), xs, zw, s6, 6)
+        a7 += _term(tl.sum(d7, axis=1), xs, zw, s7, 7)
     finish(a0, a1, a2, a3, a4, a5, a6, a7, out_ptr, acc_ptr, count_ptr, pid_n, pid_k, rm, M, N,
            ROWS, BLOCK_W, SPLIT_K, True)  # fmt: skip
 
@@ -218,7 +227,8 @@ def launch_rows(
     _rows_kernel[(blocks, split)](
         x, qweight, qzeros, scales, out, acc, counts, m, per_split, N=n, K=k,
         GROUP=group, SUB=tiles.sub, ROWS=triton.next_power_of_2(m), WPT=tiles.words, BLOCK_W=block_w,
-        BLOCK_K=tiles.block_k, SPLIT_K=split, PREFETCH=tiles.prefetch, PDL=pdl,
+        BLOCK_K=tiles.block_k, SPLIT_K=split, PREFETCH=tiles.prefetch, FLAT=tiles.flat,
+        PDL=pdl,
         num_warps=tiles.num_warps, num_stages=1, **launch_options(pdl),
     )  # fmt: skip
     return out

@@ -44,6 +44,8 @@ SKINNY = [
     (5, 40, 192, 64, RowTiles(8, 2, 1, 4, 7, False)),  # 5 rows in 8, two words a thread, shares of 2 and 1
     (2, 24, 128, 64, RowTiles(16, 4, 2, 1, 1, False)),  # four words a thread, two warps, one share
     (8, 16, 384, 128, RowTiles(32, 1, 1, 2, 2, True)),  # 8 rows, half groups
+    (1, 264, 192, 64, RowTiles(8, 1, 1, 4, 5, True, flat=True)),  # products summed once a part
+    (3, 40, 128, 32, RowTiles(4, 1, 1, 2, 3, False, flat=True)),
 ]
 GEMM = [
     (37, 40, 64, 32, AwqTiles(16, 32, 32, 1, 4, 1)),  # three M blocks, the last of 5 rows
