@@ -174,6 +174,9 @@ class PrefillTiles:
     num_warps: int = 8
     num_stages: int = 3
     tma: bool = False
+    # Registers per thread, when capped: 128 lets two 8-warp programs share an SM, so one's softmax runs
+    # while the other's products do.
+    maxnreg: int | None = None
 
 
 # From this many new tokens a step is compute-bound and runs this kernel.
@@ -257,6 +260,7 @@ def launch_prefill(
         num_stages=tiles.num_stages,
         PDL=pdl,
         **launch_options(pdl),
+        **({"maxnreg": tiles.maxnreg} if tiles.maxnreg else {}),
     )
     if num_splits > 1:
         combine_splits(part_o, part_lse, out.view(rows, head_dim), start, n_tok, max_ctx, tiles.block_n, pdl)

@@ -65,18 +65,38 @@ def variants(plan: str, case: Case, model: Model) -> Iterator[Variant]:
     if plan == "default":
         return
     if case.name.startswith("odd"):
-        for tma in (True, False):
-            yield Variant(f"{'tma' if tma else 'ptr'} 128x64 w4 s3", PrefillTiles(128, 64, 4, 3, tma))
-            yield Variant(f"{'tma' if tma else 'ptr'} 64x64 w4 s3 S=3", PrefillTiles(64, 64, 4, 3, tma), 3)
+        for odd in (
+            PrefillTiles(128, 64, 8, 2, True, 128),
+            PrefillTiles(128, 64, 8, 3),
+            PrefillTiles(64, 64, 4, 3),
+        ):
+            yield Variant(label(odd), odd)
+            yield Variant(f"{label(odd)} S=3", odd, 3)
         return
-    grid = ((128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3))
-    for tma in (True, False):
-        for bm, bn, w, s in grid:
-            tiles = PrefillTiles(bm, bn, w, s, tma)
-            yield Variant(f"{'tma' if tma else 'ptr'} {bm}x{bn} w{w} s{s}", tiles)
-            if case.n_tok <= 1024 and (bm, bn, w) in ((128, 64, 4), (64, 64, 4)):
-                for splits in (1, 2, 4):
-                    yield Variant(f"{'tma' if tma else 'ptr'} {bm}x{bn} w{w} s{s} S={splits}", tiles, splits)
+    tma_tiles = (
+        PrefillTiles(128, 64, 8, 3, True),
+        PrefillTiles(128, 64, 8, 2, True, 128),  # two programs an SM (98 KB of shared memory each)
+        PrefillTiles(64, 64, 4, 3, True),  # two programs an SM
+        PrefillTiles(64, 64, 4, 2, True),
+        PrefillTiles(128, 128, 8, 2, True),
+        PrefillTiles(128, 128, 8, 3, True),
+    )
+    ptr_tiles = (
+        PrefillTiles(128, 64, 8, 3),
+        PrefillTiles(128, 64, 8, 2, False, 128),
+        PrefillTiles(64, 64, 4, 3),
+    )
+    for tiles in tma_tiles + ptr_tiles:
+        yield Variant(label(tiles), tiles)
+    if case.n_tok <= 1024:
+        for tiles in tma_tiles[1:3]:
+            for splits in (1, 2, 4):
+                yield Variant(f"{label(tiles)} S={splits}", tiles, splits)
+
+
+def label(t: PrefillTiles) -> str:
+    regs = f" r{t.maxnreg}" if t.maxnreg else ""
+    return f"{'tma' if t.tma else 'ptr'} {t.block_m}x{t.block_n} w{t.num_warps} s{t.num_stages}{regs}"
 
 
 def check_rows(n_tok: int) -> torch.Tensor:
