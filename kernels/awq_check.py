@@ -23,13 +23,14 @@ from .awq_dequant import awq_dequant
 from .awq_format import pack_int4
 from .awq_gemm import AwqTiles, awq_gemm, awq_gemm_ref, awq_skinny
 from .awq_gemv import AwqWorkspace, GemvTiles
+from .awq_mma import MmaTiles, fragment_pack, launch_mma
 from .awq_rows import RowTiles
 from .shapes import by_name
 from .skinny_gemm import SkinnyWorkspace, skinny_gemm
 
 ROTATE_BYTES = 256 * 2**20  # more than L2 several times over
 Packed = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-Tiles = AwqTiles | GemvTiles | RowTiles | None
+Tiles = AwqTiles | GemvTiles | RowTiles | MmaTiles | None
 
 
 def copy_bandwidth(device: torch.device) -> float:
@@ -98,6 +99,8 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
         blocks = triton.cdiv(n // 8, 32 * warps * wpt)
         split = split_for(blocks, sub * k // group, per_sm, 4096)
         yield RowTiles(bk, wpt, warps, sub, split, prefetch, flat)
+    for warps, per_sm in ((1, 8), (1, 16), (1, 32), (4, 4), (4, 8), (2, 8)) if m <= 8 else ():
+        yield MmaTiles(split_for(triton.cdiv(n // 16, warps), k // group, per_sm, 512), warps)
     for bk, stages, pairs, per_sm in ((64, 3, True, 4), (32, 4, True, 2)) if m > 1 else ():
         split = split_for(triton.cdiv(n, 256), k // group, per_sm)
         yield AwqTiles(16, 256, min(bk, group), split, 4, stages, pairs)
@@ -106,6 +109,8 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
 def name_of(t: Tiles) -> str:
     if t is None:
         return "default"
+    if isinstance(t, MmaTiles):
+        return f"mma s{t.split_k}/w{t.num_warps}"
     if isinstance(t, RowTiles):
         how = ("/prefetch" if t.prefetch else "") + ("/flat" if t.flat else "")
         return f"rows k{t.block_k}/wpt{t.words}/w{t.num_warps}/sub{t.sub}/s{t.split_k}{how}"
@@ -126,6 +131,7 @@ def skinny_rows(
     dense = awq_gemm_ref(torch.eye(k, device=dev), *packed).T.to(torch.bfloat16).contiguous()  # (N, K)
     drot = [dense] + [dense.clone() for _ in range(max(2, ROTATE_BYTES // (n * k * 2)) - 1)]
     dws = SkinnyWorkspace.allocate(n, 8, dev)
+    frags: list[torch.Tensor] = []
     for m in (1, 4, 16):
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
@@ -135,11 +141,12 @@ def skinny_rows(
         t_cb = graph_us(lambda i, x=x: x @ drot[i % len(drot)].T, len(drot))
         for tiles in variants(m, n, k, group) if sweep and m < 16 else [None]:
             try:
-                got = awq_skinny(x, *packed, out=out, tiles=tiles, workspace=ws).float()
+                if isinstance(tiles, MmaTiles) and not frags:
+                    frags.extend(fragment_pack(r[0], group) for r in rot)
+                got = _call(x, 0, out, tiles, rot, frags, group, ws).float()
                 err = float((got - want).abs().max() / want.abs().max())
                 t = graph_us(
-                    lambda i, x=x, o=out, t=tiles: awq_skinny(x, *rot[i], out=o, tiles=t, workspace=ws),
-                    len(rot),
+                    lambda i, x=x, o=out, t=tiles: _call(x, i, o, t, rot, frags, group, ws), len(rot)
                 )
             except Exception as e:  # one failing variant must not end the table
                 print(
@@ -150,6 +157,22 @@ def skinny_rows(
             gbs = (wbytes + io) / t / 1e3
             print(f"| {model} | {mat} {n}x{k} | {m} | {name_of(tiles)} | {err:.1e} | {t:.1f} | {gbs:.0f} | "
                   f"{100 * gbs / copy:.0f}% | {t_sk:.1f} | {t_cb:.1f} |", flush=True)  # fmt: skip
+
+
+def _call(
+    x: torch.Tensor,
+    i: int,
+    out: torch.Tensor,
+    t: Tiles,
+    rot: list[Packed],
+    frags: list[torch.Tensor],
+    group: int,
+    ws: AwqWorkspace,
+) -> torch.Tensor:
+    """One launch on copy i of the weights (fragment layout copies for MmaTiles)."""
+    if isinstance(t, MmaTiles):
+        return launch_mma(x, frags[i], rot[i][1], rot[i][2], group, out, t.split_k, t.num_warps, ws, False)
+    return awq_skinny(x, *rot[i], out=out, tiles=t, workspace=ws)
 
 
 def prefill_rows(model: str, mat: str, n: int, k: int, group: int, dev: torch.device) -> None:
@@ -191,13 +214,11 @@ def _warm(args: tuple[list[str], list[str], int, int, int]) -> int:
                     if i % shares != share:
                         continue
                     packed = packed or random_awq(n, k, group, dev)
+                    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                    out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
                     try:
-                        awq_skinny(
-                            torch.randn(m, k, device=dev, dtype=torch.bfloat16),
-                            *packed,
-                            tiles=tiles,
-                            workspace=ws,
-                        )
+                        frags = [fragment_pack(packed[0], group)] if isinstance(tiles, MmaTiles) else []
+                        _call(x, 0, out, tiles, [packed], frags, group, ws)
                     except Exception:  # the timed run reports the failure
                         continue
     torch.cuda.synchronize()

@@ -1,0 +1,268 @@
+"""y = x @ W.T for 1 to 8 rows of bf16 x with W INT4 AWQ, on the tensor cores with no shared memory: the
+packed words are permuted once, at load, so that the word a lane loads is its MMA operand fragment.
+
+`mma.sync.m16n8k16` multiplies A (16 x 16) by B (16 x 8). Here A is a 16-column by 16-row block of W.T
+(output columns as A's rows) and B is 16 rows of x.T (x's rows as B's columns, zero past M), so one MMA
+serves up to eight rows of x. Lane 4g + t holds A's elements (g, 2t..2t+1), (g + 8, 2t..2t+1),
+(g, 2t+8..2t+9), (g + 8, 2t+8..2t+9) as four registers of two bf16: exactly one packed word, nibbles
+(i, i + 4) giving register i. So the kernel loads one word a lane per block (coalesced: a warp's block is
+128 contiguous bytes), makes each register with one shift and one LOP3 (unit values 1 + q/16, as in
+kernels/awq_gemm.py) and issues the MMA: about one instruction a weight, where a CUDA-core kernel spends
+four and the tensor-core kernel in awq_gemm.py shuffles every word through shared memory.
+
+K order inside a load of LW blocks (16 LW rows) is permuted too (the product does not depend on it): the
+MMA's k = 2t, 2t+1, 2t+8, 2t+9 of block j are rows 4 LW t + 4 j + 0..3, so lane t's B fragments are 4 LW
+consecutive x values (vector loads). X = sum_k x, for the zero point, is one more MMA with A = 1.
+
+Layout (`fragment_pack`): int32 (N / 16, K / (16 LW), 32, LW): word j of lane L in load kb of column tile
+nt. LW = min(4, group / 16): a load never crosses a group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .awq_format import unpack_int4
+from .awq_gemv import AwqWorkspace
+from .pdl import launch_options, pdl_release, pdl_wait
+
+MMA_MAX_M = 8  # one MMA's B columns
+
+
+@dataclass(frozen=True)
+class MmaTiles:
+    """split_k shares of whole groups; num_warps column tiles of 16 a program (one warp each)."""
+
+    split_k: int = 1
+    num_warps: int = 1
+
+
+_MMA = tl.constexpr(
+    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
+)
+# Register i of the A fragment: nibbles i and i + 4 of the word as two bf16 1 + q/16 (low, high half).
+_PAIR = "{ .reg .b32 t; %s.b32 t, $1, %d; lop3.b32 $0, t, 0x00780078, 0x3F803F80, 0xea; }"
+UNIT0 = tl.constexpr(_PAIR % ("shl", 3))
+UNIT1 = tl.constexpr(_PAIR % ("shr", 1))
+UNIT2 = tl.constexpr(_PAIR % ("shr", 5))
+UNIT3 = tl.constexpr(_PAIR % ("shr", 9))
+BF16_ONES = tl.constexpr(0x3F803F80)  # two bf16 1.0: the A operand of the X = sum x MMA
+
+
+def load_words(group: int) -> int:
+    """Blocks of 16 K rows a lane loads at once: a 16-byte load, never past the end of a group."""
+    return min(4, group // 16)
+
+
+def fragment_pack(qweight: torch.Tensor, group: int) -> torch.Tensor:
+    """AutoAWQ's qweight (K, N / 8) to the fragment layout, flat int32 (N * K / 8,)."""
+    k, n = qweight.shape[0], qweight.shape[1] * 8
+    lw = load_words(group)
+    if k % (16 * lw) or n % 16:
+        raise ValueError(f"fragment layout needs K % {16 * lw} == 0 and N % 16 == 0, got K {k}, N {n}")
+    q = unpack_int4(qweight).to(torch.int64)  # (K, N)
+    # K = (kb, t, j, r), N = (nt, rb, g): row 16 nt + 8 rb + g, k = 16 LW kb + 4 LW t + 4 j + r.
+    q = q.view(k // (16 * lw), 4, lw, 4, n // 16, 2, 8).permute(4, 0, 6, 1, 2, 5, 3)  # (nt,kb,g,t,j,rb,r)
+    rb = torch.arange(2).view(2, 1)
+    r = torch.arange(4).view(1, 4)
+    nib = rb + 2 * (r // 2) + 4 * (r % 2)  # (rb, r) -> nibble: A register r // 2 * 2 + rb, half r % 2
+    words = (q << (4 * nib).to(q.device)).sum(dim=(-1, -2))  # (nt, kb, g, t, j)
+    words = torch.where(words >= 2**31, words - 2**32, words)
+    return words.to(torch.int32).reshape(-1)
+
+
+def fragment_unpack(packed: torch.Tensor, k: int, n: int, group: int) -> torch.Tensor:
+    """The inverse of fragment_pack, to values (K, N) in 0..15 (the test oracle of the layout)."""
+    lw = load_words(group)
+    w = packed.to(torch.int64).view(n // 16, k // (16 * lw), 8, 4, lw, 1, 1)
+    rb = torch.arange(2).view(2, 1)
+    r = torch.arange(4).view(1, 4)
+    nib = rb + 2 * (r // 2) + 4 * (r % 2)
+    q = (w >> (4 * nib).to(w.device)) & 0xF  # (nt, kb, g, t, j, rb, r)
+    return q.permute(1, 3, 4, 6, 0, 5, 2).reshape(k, n).to(torch.int32)
+
+
+@triton.jit
+def _unit(w, ASM: tl.constexpr):
+    return tl.inline_asm_elementwise(ASM, "=r,r", [w], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    return tl.inline_asm_elementwise(
+        _MMA, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
+        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=False, pack=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _block(w, b0, b1, ones, d0, d1, d2, d3, x0, x1, x2, x3):
+    """One 16 x 16 block: D += A B with A the word's unit values, X += 1 B."""
+    d0, d1, d2, d3 = _mma(_unit(w, UNIT0), _unit(w, UNIT1), _unit(w, UNIT2), _unit(w, UNIT3), b0, b1,
+                          d0, d1, d2, d3)  # fmt: skip
+    x0, x1, x2, x3 = _mma(ones, ones, ones, ones, b0, b1, x0, x1, x2, x3)
+    return d0, d1, d2, d3, x0, x1, x2, x3
+
+
+@triton.jit
+def _quad(t):
+    """(L, 4) -> four (L,) columns (in-thread: no data moves)."""
+    a, b = tl.split(tl.reshape(t, (t.shape[0], 2, 2)))  # columns (0, 2) and (1, 3)
+    t0, t2 = tl.split(a)
+    t1, t3 = tl.split(b)
+    return t0, t1, t2, t3
+
+
+@triton.jit
+def _mma_kernel(
+    x_ptr,  # (M, K / 2) int32: x in bf16, two K rows a word
+    qp_ptr,  # fragment layout (fragment_pack)
+    qz_ptr,  # (K / GROUP, N / 8) int32
+    s_ptr,  # (K / GROUP, N) fp16
+    out_ptr,  # (M, N) bf16
+    acc_ptr,  # (M, N) fp32, zero between launches, when SPLIT_K > 1
+    count_ptr,  # (column blocks,) int32, zero between launches, when SPLIT_K > 1
+    M,
+    groups_per_split,
+    N: tl.constexpr,
+    K: tl.constexpr,
+    GROUP: tl.constexpr,
+    LW: tl.constexpr,
+    NW: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    L: tl.constexpr = 32 * NW  # lanes of the program; warp w takes column tile pid_n * NW + w
+    LPG: tl.constexpr = GROUP // (16 * LW)  # loads a group
+    TILE_WORDS: tl.constexpr = K * 2  # words of one 16-column tile
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    lane = tl.arange(0, L)
+    nt = pid_n * NW + lane // 32
+    g = (lane % 32) // 4
+    t = lane % 4
+    nt_ok = nt < N // 16
+    n0 = nt * 16 + g  # A rows g and g + 8: output columns n0, n0 + 8
+    g_lo = pid_k * groups_per_split
+    g_hi = tl.minimum(g_lo + groups_per_split, K // GROUP)
+    c4 = tl.arange(0, 4)
+    w_off = (nt * TILE_WORDS + (lane % 32) * LW)[:, None] + tl.arange(0, LW)[None, :]  # (L, LW)
+    w_ok = nt_ok[:, None]
+    x_off = (g * (K // 2) + t * (2 * LW))[:, None] + c4[None, :]  # (L, 4): B words of blocks 0, 1
+    x_ok = (g < M)[:, None]
+    z_shift = (g // 2) * 4 + (g % 2) * 16  # column g of a word: AutoAWQ's nibble order
+    ones = tl.full((L,), BF16_ONES, tl.int32)
+    pdl_release(PDL)
+    pdl_wait(PDL)  # x is the previous kernel's output
+    a0 = tl.zeros((L,), tl.float32)
+    a1 = tl.zeros((L,), tl.float32)
+    a2 = tl.zeros((L,), tl.float32)
+    a3 = tl.zeros((L,), tl.float32)
+    for grp in range(g_lo, g_hi):
+        zw0 = tl.load(qz_ptr + grp * (N // 8) + nt * 2, mask=nt_ok, other=0)
+        zw1 = tl.load(qz_ptr + grp * (N // 8) + nt * 2 + 1, mask=nt_ok, other=0)
+        s0 = tl.load(s_ptr + grp * N + n0, mask=nt_ok, other=0.0).to(tl.float32)
+        s1 = tl.load(s_ptr + grp * N + n0 + 8, mask=nt_ok, other=0.0).to(tl.float32)
+        d0 = tl.zeros((L,), tl.float32)
+        d1 = tl.zeros((L,), tl.float32)
+        d2 = tl.zeros((L,), tl.float32)
+        d3 = tl.zeros((L,), tl.float32)
+        x0 = tl.zeros((L,), tl.float32)
+        x1 = tl.zeros((L,), tl.float32)
+        x2 = tl.zeros((L,), tl.float32)
+        x3 = tl.zeros((L,), tl.float32)
+        for ld in range(LPG):
+            kb = grp * LPG + ld  # load index: rows 16 LW kb ..
+            w = tl.load(qp_ptr + kb * (32 * LW) + w_off, mask=w_ok, other=0)  # (L, LW)
+            xa = tl.load(x_ptr + kb * (8 * LW) + x_off, mask=x_ok, other=0)  # (L, 4)
+            xa0, xa1, xa2, xa3 = _quad(xa)
+            if LW == 4:
+                xb = tl.load(x_ptr + kb * (8 * LW) + 4 + x_off, mask=x_ok, other=0)
+                xb0, xb1, xb2, xb3 = _quad(xb)
+                w0, w1, w2, w3 = _quad(w)
+                d0, d1, d2, d3, x0, x1, x2, x3 = _block(w0, xa0, xa1, ones, d0, d1, d2, d3, x0, x1, x2, x3)
+                d0, d1, d2, d3, x0, x1, x2, x3 = _block(w1, xa2, xa3, ones, d0, d1, d2, d3, x0, x1, x2, x3)
+                d0, d1, d2, d3, x0, x1, x2, x3 = _block(w2, xb0, xb1, ones, d0, d1, d2, d3, x0, x1, x2, x3)
+                d0, d1, d2, d3, x0, x1, x2, x3 = _block(w3, xb2, xb3, ones, d0, d1, d2, d3, x0, x1, x2, x3)
+            else:  # LW == 2
+                w0, w1 = tl.split(w)
+                d0, d1, d2, d3, x0, x1, x2, x3 = _block(w0, xa0, xa1, ones, d0, d1, d2, d3, x0, x1, x2, x3)
+                d0, d1, d2, d3, x0, x1, x2, x3 = _block(w1, xa2, xa3, ones, d0, d1, d2, d3, x0, x1, x2, x3)
+        z0 = ((zw0 >> z_shift) & 0xF).to(tl.float32)
+        z1 = ((zw1 >> z_shift) & 0xF).to(tl.float32)
+        # D fragment: (n0, m 2t), (n0, 2t + 1), (n0 + 8, 2t), (n0 + 8, 2t + 1); X likewise (rows equal).
+        a0 += s0 * (16.0 * d0 - (16.0 + z0) * x0)
+        a1 += s0 * (16.0 * d1 - (16.0 + z0) * x1)
+        a2 += s1 * (16.0 * d2 - (16.0 + z1) * x2)
+        a3 += s1 * (16.0 * d3 - (16.0 + z1) * x3)
+    m0 = 2 * t
+    _store(a0, out_ptr, acc_ptr, count_ptr, pid_n, m0 * N + n0, nt_ok & (m0 < M), SPLIT_K, 0)
+    _store(a1, out_ptr, acc_ptr, count_ptr, pid_n, (m0 + 1) * N + n0, nt_ok & (m0 + 1 < M), SPLIT_K, 0)
+    _store(a2, out_ptr, acc_ptr, count_ptr, pid_n, m0 * N + n0 + 8, nt_ok & (m0 < M), SPLIT_K, 0)
+    _store(a3, out_ptr, acc_ptr, count_ptr, pid_n, (m0 + 1) * N + n0 + 8, nt_ok & (m0 + 1 < M), SPLIT_K, 0)
+    if SPLIT_K > 1:
+        tl.debug_barrier()  # every thread's adds are issued before the one release below
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            _store(a0, out_ptr, acc_ptr, count_ptr, pid_n, m0 * N + n0, nt_ok & (m0 < M), SPLIT_K, 1)
+            _store(a1, out_ptr, acc_ptr, count_ptr, pid_n, (m0 + 1) * N + n0, nt_ok & (m0 + 1 < M),
+                   SPLIT_K, 1)  # fmt: skip
+            _store(a2, out_ptr, acc_ptr, count_ptr, pid_n, m0 * N + n0 + 8, nt_ok & (m0 < M), SPLIT_K, 1)
+            _store(a3, out_ptr, acc_ptr, count_ptr, pid_n, (m0 + 1) * N + n0 + 8, nt_ok & (m0 + 1 < M),
+                   SPLIT_K, 1)  # fmt: skip
+            tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _store(a, out_ptr, acc_ptr, count_ptr, pid_n, off, ok, SPLIT_K: tl.constexpr, PHASE: tl.constexpr):
+    """Phase 0: y, or the share's atomic add. Phase 1 (the last share): read the sum out, zero it."""
+    if SPLIT_K == 1:
+        tl.store(out_ptr + off, a.to(out_ptr.dtype.element_ty), mask=ok)
+    elif PHASE == 0:
+        tl.atomic_add(acc_ptr + off, a, mask=ok, sem="relaxed", scope="gpu")
+    else:
+        total = tl.load(acc_ptr + off, mask=ok, other=0.0, cache_modifier=".cg")
+        tl.store(out_ptr + off, total.to(out_ptr.dtype.element_ty), mask=ok)
+        tl.store(acc_ptr + off, tl.zeros_like(total), mask=ok)
+
+
+def launch_mma(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group: int,
+    out: torch.Tensor,
+    split_k: int,
+    num_warps: int,
+    workspace: AwqWorkspace | None,
+    pdl: bool,
+) -> torch.Tensor:
+    """One launch on the fragment layout; x bf16 (M <= 8, K), shapes checked by the caller."""
+    m, k = x.shape
+    n = scales.shape[1]
+    if x.dtype != torch.bfloat16 or not 1 <= m <= MMA_MAX_M:
+        raise ValueError(f"the fragment kernel takes 1..{MMA_MAX_M} rows of bf16 x, got {m} of {x.dtype}")
+    if packed.numel() != k * n // 8:
+        raise ValueError(f"packed has {packed.numel()} words, ({k}, {n}) needs {k * n // 8}")
+    groups = k // group
+    per_split = triton.cdiv(groups, max(1, split_k))
+    split = triton.cdiv(groups, per_split)
+    blocks = triton.cdiv(n // 16, num_warps)
+    acc, counts = out, out
+    if split > 1:
+        workspace = workspace or AwqWorkspace.allocate(n, x.device)
+        if workspace.accum.numel() < m * n or workspace.counts.numel() < blocks:
+            raise ValueError(f"workspace too small for M {m}, N {n}")
+        acc, counts = workspace.accum, workspace.counts
+    _mma_kernel[(blocks, split)](
+        x.view(torch.int32), packed, qzeros, scales, out, acc, counts, m, per_split, N=n, K=k, GROUP=group,
+        LW=load_words(group), NW=num_warps, SPLIT_K=split, PDL=pdl, num_warps=num_warps, num_stages=1,
+        **launch_options(pdl),
+    )  # fmt: skip
+    return out
