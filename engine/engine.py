@@ -122,11 +122,11 @@ class Engine:
             raise EngineError("empty prompt: at least one token (e.g. BOS) is required")
         if n > self.max_context:
             raise ContextOverflowError(f"prompt of {n} tokens exceeds the max context of {self.max_context}")
-        bad = [t for t in request.prompt_ids if not 0 <= t < self.model_config.vocab_size]
-        if bad:
-            raise EngineError(
-                f"token id {bad[0]} is outside the vocabulary (0..{self.model_config.vocab_size - 1})"
-            )
+        vocab = self.model_config.vocab_size
+        ids = request.prompt_ids
+        if min(ids) < 0 or max(ids) >= vocab:  # two passes in C: this runs on every keystroke
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            raise EngineError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
         if not self.tokenizer.can_heal(request.heal_text):
             heal = request.heal_text
             raise EngineError(f"heal_text {heal!r} cannot be spelled by whole tokens of this vocabulary")

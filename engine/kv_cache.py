@@ -21,6 +21,25 @@ from lsp_dscoder.engine.config import ModelConfig
 MAX_CACHED_LOGITS = 192
 
 
+_BLOCK = 256  # tokens compared per C-level slice comparison
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token sequences. Every keystroke matches a prompt of
+    thousands of tokens against each slot: whole blocks are compared as tuples (in C), and only the
+    block holding the first difference is walked in Python."""
+    n = min(len(a), len(b))
+    at = 0
+    while at < n:
+        end = min(at + _BLOCK, n)
+        if tuple(a[at:end]) != tuple(b[at:end]):
+            while a[at] == b[at]:
+                at += 1
+            return at
+        at = end
+    return n
+
+
 @dataclass
 class Slot:
     index: int
@@ -34,11 +53,7 @@ class Slot:
 
     def match(self, prompt: Sequence[int]) -> int:
         """Length of the longest common prefix of the cached tokens and `prompt`."""
-        n = min(len(self.tokens), len(prompt))
-        i = 0
-        while i < n and self.tokens[i] == prompt[i]:
-            i += 1
-        return i
+        return common_prefix(self.tokens, prompt)
 
     def extend(self, tokens: Sequence[int], logits: torch.Tensor | None = None) -> None:
         """Tokens whose K/V rows were just written after the cached ones; `logits` are the model's
