@@ -17,6 +17,8 @@ from lsp_dscoder.engine.errors import EngineError
 class CompletionHandle:
     """One submitted request: its token events as they come, then its `Completion` (or error)."""
 
+    HANDOVER_S = 0.001  # the longest the producer waits for the consumer to take the first visible text
+
     def __init__(self, request: CompletionRequest) -> None:
         self.request = request
         self.submitted_at = time.perf_counter()
@@ -27,6 +29,8 @@ class CompletionHandle:
         self._error: EngineError | None = None
         self._done = False
         self._wakers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self._consumer_thread: int | None = None  # the thread of the last consumer that streamed
+        self._handover: threading.Event | None = None  # set once a consumer took the first visible text
 
     def cancel(self) -> None:
         """Ask the engine to stop at the next check (between layers, decode steps or prefill chunks)."""
@@ -47,9 +51,12 @@ class CompletionHandle:
         result: Completion | None = None,
         error: EngineError | None = None,
     ) -> None:
+        taken = None
         with self._cond:
             if event is not None:
                 self._events.append(event)
+                if event.text and self._handover is None and self._wakers:
+                    self._handover = taken = threading.Event()
             if result is not None or error is not None:
                 self._result, self._error, self._done = result, error, True
             self._cond.notify_all()
@@ -58,6 +65,11 @@ class CompletionHandle:
             # RuntimeError: the consumer's loop has closed; nobody is listening any more.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(flag.set)
+        # The first visible text is what the user waits for. The consumer's thread, just woken, needs the
+        # GIL to send it on, and this thread would hold it for the next step's launch: wait (once per
+        # request, briefly) until the consumer has taken the text. Never on the consumer's own thread.
+        if taken is not None and self._consumer_thread != threading.get_ident():
+            taken.wait(self.HANDOVER_S)
 
     # -- consumer side -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[TokenEvent]:
@@ -88,12 +100,16 @@ class CompletionHandle:
         entry = (asyncio.get_running_loop(), flag)
         with self._cond:
             self._wakers.append(entry)
+            self._consumer_thread = threading.get_ident()
         try:
             i = 0
             while True:
                 flag.clear()
                 with self._cond:
                     new, done = self._events[i:], self._done
+                    taken = self._handover
+                if taken is not None:
+                    taken.set()
                 for event in new:
                     yield event
                 i += len(new)
