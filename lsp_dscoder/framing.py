@@ -22,6 +22,7 @@ _HEADER = re.compile(rb"([!#-'*+.0-9A-Z^-z|~-]+)[ \t]*:[ \t]*(.*?)[ \t]*")
 _HEADER_START = re.compile(rb"content-length[ \t]*:", re.IGNORECASE)
 _HEADER_IN_BODY = re.compile(rb"content-length[ \t]*:[ \t]*[0-9]+[ \t]*\r?\n", re.IGNORECASE)
 _OVERLAP = 64  # bytes rescanned for a header that straddles two reads
+_HEADER_SPAN = 256  # a Content-Length line inside a body is looked for this far before its line break
 
 
 class HeaderTooLong(Exception):
@@ -151,7 +152,12 @@ class Framer:
         """The body once complete (b"" when the announced length proved wrong); None for more bytes."""
         buf = self._buf
         end = min(len(buf), length + _OVERLAP)  # a header that starts inside the body ends by here
-        found = _HEADER_IN_BODY.search(buf, max(0, self._scanned - _OVERLAP), end)
+        start = max(0, self._scanned - _OVERLAP)
+        # A header ends with a raw line break, which JSON never holds: the first one (a memchr) is at
+        # the earliest the end of a header, and the case-insensitive pattern steps through every byte,
+        # so it only looks from a header line's length before that line break.
+        newline = buf.find(b"\n", start, end)
+        found = None if newline < 0 else _HEADER_IN_BODY.search(buf, max(start, newline - _HEADER_SPAN), end)
         self._scanned = end
         if found is not None and found.start() < length:
             self._skip(f"Content-Length {length} does not match its message")
