@@ -99,8 +99,17 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
         blocks = triton.cdiv(n // 8, 32 * warps * wpt)
         split = split_for(blocks, sub * k // group, per_sm, 4096)
         yield RowTiles(bk, wpt, warps, sub, split, prefetch, flat)
-    for warps, per_sm in ((1, 8), (1, 16), (1, 32), (4, 4), (4, 8), (2, 8)) if m <= 8 else ():
-        yield MmaTiles(split_for(triton.cdiv(n // 16, warps), k // group, per_sm, 512), warps)
+    mma = (
+        (1, 8, True),
+        (1, 16, True),
+        (1, 32, True),
+        (4, 4, True),
+        (4, 8, True),
+        (2, 8, True),
+        (1, 16, False),
+    )
+    for warps, per_sm, prefetch in mma if m <= 8 else ():
+        yield MmaTiles(split_for(triton.cdiv(n // 16, warps), k // group, per_sm, 512), warps, prefetch)
     for bk, stages, pairs, per_sm in ((64, 3, True, 4), (32, 4, True, 2)) if m > 1 else ():
         split = split_for(triton.cdiv(n, 256), k // group, per_sm)
         yield AwqTiles(16, 256, min(bk, group), split, 4, stages, pairs)
@@ -110,7 +119,7 @@ def name_of(t: Tiles) -> str:
     if t is None:
         return "default"
     if isinstance(t, MmaTiles):
-        return f"mma s{t.split_k}/w{t.num_warps}"
+        return f"mma s{t.split_k}/w{t.num_warps}" + ("/prefetch" if t.prefetch else "")
     if isinstance(t, RowTiles):
         how = ("/prefetch" if t.prefetch else "") + ("/flat" if t.flat else "")
         return f"rows k{t.block_k}/wpt{t.words}/w{t.num_warps}/sub{t.sub}/s{t.split_k}{how}"
@@ -171,7 +180,7 @@ def _call(
 ) -> torch.Tensor:
     """One launch on copy i of the weights (fragment layout copies for MmaTiles)."""
     if isinstance(t, MmaTiles):
-        return launch_mma(x, frags[i], rot[i][1], rot[i][2], group, out, t.split_k, t.num_warps, ws, False)
+        return launch_mma(x, frags[i], rot[i][1], rot[i][2], group, out, t, ws, False)
     return awq_skinny(x, *rot[i], out=out, tiles=t, workspace=ws)
 
 

@@ -39,6 +39,7 @@ class MmaTiles:
 
     split_k: int = 1
     num_warps: int = 1
+    prefetch: bool = True  # the next load's words and x go out before this load's MMAs
 
 
 _MMA = tl.constexpr(
@@ -119,6 +120,16 @@ def _quad(t):
 
 
 @triton.jit
+def _load_b(x_ptr, kb, x_off, x_ok, LW: tl.constexpr):
+    """The B words of load kb, (L, 4) each: blocks 0-1 and 2-3 (the second is the first again at LW 2)."""
+    xa = tl.load(x_ptr + kb * (8 * LW) + x_off, mask=x_ok, other=0)
+    xb = xa
+    if LW == 4:
+        xb = tl.load(x_ptr + kb * (8 * LW) + 4 + x_off, mask=x_ok, other=0)
+    return xa, xb
+
+
+@triton.jit
 def _mma_kernel(
     x_ptr,  # (M, K / 2) int32: x in bf16, two K rows a word
     qp_ptr,  # fragment layout (fragment_pack)
@@ -135,6 +146,7 @@ def _mma_kernel(
     LW: tl.constexpr,
     NW: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     L: tl.constexpr = 32 * NW  # lanes of the program; warp w takes column tile pid_n * NW + w
@@ -157,8 +169,13 @@ def _mma_kernel(
     x_ok = (g < M)[:, None]
     z_shift = (g // 2) * 4 + (g % 2) * 16  # column g of a word: AutoAWQ's nibble order
     ones = tl.full((L,), BF16_ONES, tl.int32)
+    LOADS: tl.constexpr = K // (16 * LW)
+    if PREFETCH:  # weights are no kernel's output: the first load may go out before the wait
+        w_next = tl.load(qp_ptr + g_lo * LPG * (32 * LW) + w_off, mask=w_ok, other=0)
     pdl_release(PDL)
     pdl_wait(PDL)  # x is the previous kernel's output
+    if PREFETCH:
+        xa_next, xb_next = _load_b(x_ptr, g_lo * LPG, x_off, x_ok, LW)
     a0 = tl.zeros((L,), tl.float32)
     a1 = tl.zeros((L,), tl.float32)
     a2 = tl.zeros((L,), tl.float32)
@@ -178,11 +195,17 @@ def _mma_kernel(
         x3 = tl.zeros((L,), tl.float32)
         for ld in range(LPG):
             kb = grp * LPG + ld  # load index: rows 16 LW kb ..
-            w = tl.load(qp_ptr + kb * (32 * LW) + w_off, mask=w_ok, other=0)  # (L, LW)
-            xa = tl.load(x_ptr + kb * (8 * LW) + x_off, mask=x_ok, other=0)  # (L, 4)
+            if PREFETCH:
+                w, xa, xb = w_next, xa_next, xb_next
+                # The next load goes out before this one's MMAs (past the end: the last one, unused).
+                nkb = tl.minimum(kb + 1, LOADS - 1)
+                w_next = tl.load(qp_ptr + nkb * (32 * LW) + w_off, mask=w_ok, other=0)
+                xa_next, xb_next = _load_b(x_ptr, nkb, x_off, x_ok, LW)
+            else:
+                w = tl.load(qp_ptr + kb * (32 * LW) + w_off, mask=w_ok, other=0)  # (L, LW)
+                xa, xb = _load_b(x_ptr, kb, x_off, x_ok, LW)
             xa0, xa1, xa2, xa3 = _quad(xa)
             if LW == 4:
-                xb = tl.load(x_ptr + kb * (8 * LW) + 4 + x_off, mask=x_ok, other=0)
                 xb0, xb1, xb2, xb3 = _quad(xb)
                 w0, w1, w2, w3 = _quad(w)
                 d0, d1, d2, d3, x0, x1, x2, x3 = _block(w0, xa0, xa1, ones, d0, d1, d2, d3, x0, x1, x2, x3)
@@ -238,8 +261,7 @@ def launch_mma(
     scales: torch.Tensor,
     group: int,
     out: torch.Tensor,
-    split_k: int,
-    num_warps: int,
+    tiles: MmaTiles,
     workspace: AwqWorkspace | None,
     pdl: bool,
 ) -> torch.Tensor:
@@ -251,9 +273,9 @@ def launch_mma(
     if packed.numel() != k * n // 8:
         raise ValueError(f"packed has {packed.numel()} words, ({k}, {n}) needs {k * n // 8}")
     groups = k // group
-    per_split = triton.cdiv(groups, max(1, split_k))
+    per_split = triton.cdiv(groups, max(1, tiles.split_k))
     split = triton.cdiv(groups, per_split)
-    blocks = triton.cdiv(n // 16, num_warps)
+    blocks = triton.cdiv(n // 16, tiles.num_warps)
     acc, counts = out, out
     if split > 1:
         workspace = workspace or AwqWorkspace.allocate(n, x.device)
@@ -262,7 +284,8 @@ def launch_mma(
         acc, counts = workspace.accum, workspace.counts
     _mma_kernel[(blocks, split)](
         x.view(torch.int32), packed, qzeros, scales, out, acc, counts, m, per_split, N=n, K=k, GROUP=group,
-        LW=load_words(group), NW=num_warps, SPLIT_K=split, PDL=pdl, num_warps=num_warps, num_stages=1,
+        LW=load_words(group), NW=tiles.num_warps, SPLIT_K=split, PREFETCH=tiles.prefetch, PDL=pdl,
+        num_warps=tiles.num_warps, num_stages=1,
         **launch_options(pdl),
     )  # fmt: skip
     return out
