@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lsp_dscoder.kernels.awq_dequant import awq_dequant_ref, fragment_dequant
 from lsp_dscoder.kernels.awq_format import pack_int4, unpack_int4
 from lsp_dscoder.kernels.awq_gemm import awq_gemm_ref
 from lsp_dscoder.kernels.awq_mma import fragment_pack, fragment_unpack, load_words
@@ -74,6 +75,19 @@ def test_fragments_give_the_product(n: int, k: int, group: int) -> None:
     x = torch.randn(3, k)
     got = replay(x, fragment_pack(qweight, group), qzeros, scales, group)
     torch.testing.assert_close(got, awq_gemm_ref(x, qweight, qzeros, scales), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("n", "k", "group"), [*SHAPES, (16, 320, 64)])  # 5 loads: one a program
+def test_fragment_dequant_matches_reference(dtype: torch.dtype, n: int, k: int, group: int) -> None:
+    # (q - z) s is one fp32 product of exact factors: equal to the bit in fp32; bf16 is rounded once
+    # (truncated by the interpreter): one ulp.
+    qweight, qzeros, scales = random_layer(n, k, group)
+    out = torch.full((k, n), float("nan"), dtype=dtype)
+    got = fragment_dequant(fragment_pack(qweight, group), qzeros, scales, out)
+    assert got is out
+    rtol = 0.0 if dtype == torch.float32 else 2**-7
+    torch.testing.assert_close(got, awq_dequant_ref(qweight, qzeros, scales, dtype), atol=0, rtol=rtol)
 
 
 def test_word_of_a_hand_worked_tile() -> None:
