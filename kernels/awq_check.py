@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterator
 import torch
 import triton
 
-from .awq_dequant import awq_dequant
+from .awq_dequant import awq_dequant, fragment_dequant
 from .awq_format import pack_int4
-from .awq_gemm import AwqTiles, awq_gemm, awq_gemm_ref, awq_skinny
+from .awq_gemm import AwqTiles, awq_gemm_ref, awq_skinny
 from .awq_gemv import AwqWorkspace, GemvTiles
 from .awq_mma import MmaTiles, fragment_pack, launch_mma
 from .awq_rows import RowTiles
@@ -188,15 +188,15 @@ def prefill_rows(model: str, mat: str, n: int, k: int, group: int, dev: torch.de
     packed = random_awq(n, k, group, dev)
     buf = torch.empty(k, n, device=dev, dtype=torch.bfloat16)
     dense_t = awq_dequant(*packed, out=buf.clone())
+    frag = fragment_pack(packed[0], group)
     for m in (512, 4096):
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         want = awq_gemm_ref(x, *packed).float()
         fl = 2 * m * n * k / 1e6
         row = [model, mat, str(m)]
         for name, fn in (
-            ("tc", lambda x=x: awq_gemm(x, *packed)),
-            ("tc128", lambda x=x: awq_gemm(x, *packed, tiles=AwqTiles(128, 256, 64, 1, 8, 3))),
             ("dequant+cublas", lambda x=x: x @ awq_dequant(*packed, out=buf)),
+            ("fragments+cublas", lambda x=x: x @ fragment_dequant(frag, *packed[1:], out=buf)),
             ("bf16 cublas", lambda x=x: x @ dense_t),
         ):
             try:
@@ -255,8 +255,8 @@ def main() -> None:
         for mat, n, k in layer_shapes(model):
             skinny_rows(model, mat, n, k, args.group, copy, model in args.sweep, dev)
     if args.prefill:
-        print("\n| model | matrix | M | awq_gemm 64x256 | awq_gemm 128x256 | dequant+cuBLAS | bf16 cuBLAS |")
-        print("| --- " * 7 + "|", flush=True)
+        print("\n| model | matrix | M | dequant+cuBLAS | fragments+cuBLAS | bf16 cuBLAS |")
+        print("| --- " * 6 + "|", flush=True)
     for model in args.prefill:
         for mat, n, k in layer_shapes(model):
             prefill_rows(model, mat, n, k, args.group, dev)
