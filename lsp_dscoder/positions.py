@@ -75,39 +75,76 @@ def break_starts(text: str, lo: int, hi: int, scan: Scan) -> list[int]:
 
 
 class LineIndex:
-    """Line start offsets of a text, updated by edits in time proportional to the edit's text."""
+    """Line start offsets of a text, updated by edits in time proportional to the edit's text.
+
+    Typing on a line moves the start of every line below it: that move is kept pending (`_from`,
+    `_shift`: lines from `_from` on start `_shift` characters later than `_raw` says) and merged with the
+    next edit on the same line, so a keystroke costs no pass over the line starts; an edit that adds or
+    removes a line break, or falls on another line, applies it."""
 
     def __init__(self, text: str, scan: Scan) -> None:
-        self.starts: Starts = np.asarray(break_starts(text, 0, len(text), scan), dtype=np.int64)
+        self._raw: Starts = np.asarray(break_starts(text, 0, len(text), scan), dtype=np.int64)
+        self._from = len(self._raw)
+        self._shift = 0
+
+    @property
+    def starts(self) -> Starts:
+        """The line start offsets (a new array when a move is pending)."""
+        if self._shift == 0:
+            return self._raw
+        return np.concatenate((self._raw[: self._from], self._raw[self._from :] + self._shift))
 
     @property
     def line_count(self) -> int:
-        return len(self.starts)
+        return len(self._raw)
 
     def replaced(self, text: str, start: int, end: int, length: int, scan: Scan) -> LineIndex:
         """The index of `text`, which is the indexed text with [start, end) replaced by `length` characters
         (a new object: a failed multi-change edit leaves the old index untouched)."""
+        line = self._line_of(start)
+        delta = length - (end - start)
+        fresh = break_starts(text, start, start + length, scan)
+        # Within one line (no break removed or added, and the line's own start not moved): only the
+        # lines below move.
+        same_line = (
+            not fresh
+            and start > self.line_start(line)
+            and (line + 1 >= len(self._raw) or end < self.line_start(line + 1))
+        )
+        new = LineIndex.__new__(LineIndex)
+        if same_line and (self._shift == 0 or self._from == line + 1):
+            new._raw, new._from, new._shift = self._raw, line + 1, self._shift + delta
+            return new
         starts = self.starts
         keep = int(np.searchsorted(starts, start, "left"))
         tail = int(np.searchsorted(starts, end, "right"))
-        fresh = np.asarray(break_starts(text, start, start + length, scan), dtype=np.int64)
-        shifted = starts[tail:] + (length - (end - start))
-        new = LineIndex.__new__(LineIndex)
-        new.starts = np.concatenate((starts[:keep], fresh, shifted))
+        shifted = starts[tail:] + delta
+        new._raw = np.concatenate((starts[:keep], np.asarray(fresh, dtype=np.int64), shifted))
+        new._from, new._shift = len(new._raw), 0
         return new
+
+    def _line_of(self, offset: int) -> int:
+        """The line holding `offset` (the last line starting at or before it)."""
+        raw, at = self._raw, self._from
+        if self._shift == 0:
+            return int(np.searchsorted(raw, offset, "right")) - 1
+        below = int(np.searchsorted(raw[:at], offset, "right"))
+        if below < at:
+            return below - 1
+        return at + int(np.searchsorted(raw[at:], offset - self._shift, "right")) - 1
 
     def line_start(self, line: int) -> int:
         if line < 0:
             raise PositionError(f"negative line {line}")
-        if line >= len(self.starts):
-            raise PositionError(f"line {line} is past the end of the document ({len(self.starts)} lines)")
-        return int(self.starts[line])
+        if line >= len(self._raw):
+            raise PositionError(f"line {line} is past the end of the document ({len(self._raw)} lines)")
+        return int(self._raw[line]) + (self._shift if line >= self._from else 0)
 
     def line_end(self, text: str, line: int) -> int:
         """Offset of the line's break (or the end of the text)."""
-        if line + 1 >= len(self.starts):
+        if line + 1 >= len(self._raw):
             return len(text)
-        nxt = int(self.starts[line + 1])
+        nxt = self.line_start(line + 1)
         return nxt - 2 if text[nxt - 2 : nxt] == "\r\n" else nxt - 1
 
     def locate(self, text: str, line: int, character: int, encoding: Encoding, scan: Scan) -> tuple[int, int]:
@@ -138,8 +175,8 @@ class LineIndex:
 
     def position_at(self, text: str, offset: int, encoding: Encoding, scan: Scan) -> tuple[int, int]:
         """(line, character) of a string offset, in the client's units."""
-        line = int(np.searchsorted(self.starts, offset, "right")) - 1
-        start = int(self.starts[line])
+        line = self._line_of(offset)
+        start = self.line_start(line)
         before = text[start:offset]
         scan.chars += 0 if before.isascii() else len(before)
         return line, units(before, encoding)

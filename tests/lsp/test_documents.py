@@ -89,6 +89,37 @@ def test_positions_inside_a_character_and_past_the_line_end():
     assert doc.locate(1, 99, Encoding.UTF32) == (6, 2)
 
 
+def test_typing_on_a_line_keeps_every_position_exact_while_the_lines_below_move():
+    # Edits on one line leave the move of the lines below pending; edits elsewhere, deletions that
+    # reach a line break, and inserted breaks apply it. Every step is checked against a fresh index.
+    reference = "ab\ncd\r\nef\rgh\n\nij"
+    doc = Document(URI, "python", 0, reference)
+    steps = [  # (line, start character, end character, new text): each on the line it names
+        (1, 2, 2, "x"),
+        (1, 3, 3, "yy"),
+        (1, 0, 0, "z"),  # at the line's start
+        (1, 1, 3, ""),  # a deletion within the line
+        (1, 3, 3, "😀"),
+        (3, 1, 1, "q"),  # another line: the pending move is applied first
+        (3, 0, 2, ""),
+        (1, 2, 2, "\r"),  # a break typed on a line with "\r\n" after it
+        (0, 2, 2, "\n"),
+        (6, 0, 0, "w"),  # the empty line
+    ]
+    for version, (line, sc, ec, new) in enumerate(steps, start=1):
+        a = doc.locate(line, sc, Encoding.UTF16)[0]
+        b = doc.locate(line, ec, Encoding.UTF16)[0]
+        doc.apply(version, [change(line, sc, line, ec, new)], Encoding.UTF16)
+        reference = reference[:a] + new + reference[b:]
+        assert doc.text == reference
+        assert [int(s) for s in doc.index.starts] == starts_of(reference)
+        for offset in range(len(reference) + 1):
+            if reference[offset - 1 : offset + 1] == "\r\n":
+                continue
+            assert doc.position_at(offset, Encoding.UTF16) == position_at(reference, offset, Encoding.UTF16)
+    assert reference == "ab\n\nzx\ry😀y\r\nef\rh\nw\nij"
+
+
 def test_keystroke_work_is_bounded_by_the_edit_not_the_document():
     lines = [f"    value_{i} = compute({i}, 'ü😀')  # comment\n" for i in range(200_000)]
     doc = Document(URI, "python", 1, "".join(lines))
