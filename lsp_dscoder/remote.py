@@ -72,7 +72,7 @@ class RemoteBackend:
         self._own_loop = loop is None
         self._loop = loop or asyncio.new_event_loop()
         if self._own_loop:
-            threading.Thread(target=self._loop.run_forever, name="lsp-dscoder-remote", daemon=True).start()
+            threading.Thread(target=self._serve, name="lsp-dscoder-remote", daemon=True).start()
         self._pool = ConnectionPool(self.endpoint, config.connect_timeout_s, self._loop)
         self.model = config.model
         self.health = Health(str(self.endpoint), self._probe, notify)
@@ -144,7 +144,9 @@ class RemoteBackend:
         if on_loop(self._loop):
             self._pool.close()
             return
-        with contextlib.suppress(RuntimeError, concurrent.futures.TimeoutError):  # closed, or stuck
+        if self._loop.is_closed():  # the server has stopped: so have the connections
+            return
+        with contextlib.suppress(RuntimeError, concurrent.futures.TimeoutError):  # closing, or stuck
             asyncio.run_coroutine_threadsafe(self._drain(), self._loop).result(5)
         if self._own_loop:
             self._loop.call_soon_threadsafe(self._loop.stop)
@@ -153,6 +155,14 @@ class RemoteBackend:
         if self._exchanges.tasks:
             await asyncio.wait(list(self._exchanges.tasks), timeout=2)
         self._pool.close()
+        await asyncio.sleep(0)  # the connection being opened, if any, sees its cancellation
+
+    def _serve(self) -> None:
+        """The backend's own loop, for callers without one."""
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
 
     def __enter__(self) -> RemoteBackend:
         return self

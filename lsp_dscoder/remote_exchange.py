@@ -32,6 +32,8 @@ from lsp_dscoder.remote_wire import Wire
 # what an exchange takes for the endpoint failing (RemoteError included); anything else is a bug
 FAILURES = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, RemoteError, ValueError)
 
+SPARE_DELAY_S = 0.002  # first text -> the spare connection opened (the partial has reached the editor)
+
 # the backend's bookkeeping once a request has ended: (handle, decoder, wire, ttft, stop, error)
 Finish = Callable[[RemoteHandle, StreamDecoder, Wire, float | None, StopReason, str | None], None]
 
@@ -95,8 +97,9 @@ class Exchanges:
                     ttft = time.perf_counter() - handle.submitted_at
                     clock.mark("parse")
                     wire.first_timings = decoder.timings
-                    # the next keystroke's connection: opened now, not while the endpoint computes
-                    self.pool.replenish()
+                    # The next keystroke's connection, opened once this partial is on its way: while the
+                    # endpoint computes, or the partial goes out, a handshake would compete for the CPU.
+                    self.loop.call_later(SPARE_DELAY_S, self.pool.replenish)
                 if decoder.stopped:
                     raise _Cancelled  # a stop string the endpoint did not apply: stop it here
                 dog.arm(self._timeout(request, self.config.read_timeout_s))

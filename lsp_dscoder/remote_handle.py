@@ -77,20 +77,24 @@ class Watchdog:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, expire: Callable[[], None]) -> None:
         self._loop, self._expire = loop, expire
-        self._at = 0.0
+        self._at = 0.0  # the deadline (loop time)
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0  # when the timer fires (uvloop's timer handles do not say)
         self.expired = False
 
     def arm(self, seconds: float) -> None:
         self._at = self._loop.time() + max(seconds, 1e-3)
-        if self._timer is None or self._timer.when() > self._at:
+        if self._timer is None or self._timer_at > self._at:
             self.stop()
-            self._timer = self._loop.call_at(self._at, self._fire)
+            self._start(self._at)
+
+    def _start(self, at: float) -> None:
+        self._timer, self._timer_at = self._loop.call_at(at, self._fire), at
 
     def _fire(self) -> None:
         self._timer = None
         if self._loop.time() < self._at:
-            self._timer = self._loop.call_at(self._at, self._fire)
+            self._start(self._at)
             return
         self.expired = True
         self._expire()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 
 from lsp_dscoder.remote_http import Endpoint
@@ -70,6 +71,7 @@ class ConnectionPool:
         self._idle: list[Connection] = []  # given back after a request
         self._spare: Connection | None = None
         self._warming: asyncio.Task[None] | None = None
+        self._closed = False
         self.opened = 0  # connections opened (TCP handshakes paid), for the stats
         self.opened_on_request = 0  # of which a request had to wait for
 
@@ -97,14 +99,16 @@ class ConnectionPool:
 
     def replenish(self) -> None:
         """Opens the spare connection, if there is none, without waiting for it."""
-        if self._spare is None and self._warming is None:
+        if self._spare is None and self._warming is None and not self._closed:
             self._warming = self.loop.create_task(self._warm())
 
     async def _open(self) -> Connection:
         e = self.endpoint
-        # asyncio sets TCP_NODELAY on its TCP transports: a small request is sent without waiting for an ACK
         connect = asyncio.open_connection(e.host, e.port, ssl=self._ssl)
         reader, writer = await asyncio.wait_for(connect, self.connect_timeout)
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # asyncio's loop sets it, uvloop's too; a request must never wait for an ACK
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.opened += 1
         return Connection(reader, writer, self.loop)
 
@@ -126,6 +130,7 @@ class ConnectionPool:
             conn.close()
 
     def close(self) -> None:
+        self._closed = True
         idle, self._idle = self._idle, []
         if self._spare is not None:
             idle.append(self._spare)
