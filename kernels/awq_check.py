@@ -23,7 +23,7 @@ from .awq_dequant import awq_dequant, fragment_dequant
 from .awq_format import pack_int4
 from .awq_gemm import AwqTiles, awq_gemm_ref, awq_skinny
 from .awq_gemv import AwqWorkspace, GemvTiles
-from .awq_mma import MmaTiles, fragment_pack, launch_mma
+from .awq_mma import MmaTiles, awq_mma, fragment_pack
 from .awq_rows import RowTiles
 from .shapes import by_name
 from .skinny_gemm import SkinnyWorkspace, skinny_gemm
@@ -95,7 +95,7 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
             (8, 1, 1, 4, 24, False, True), (8, 2, 1, 4, 16, True, False))  # fmt: skip
     fours = ((4, 1, 1, 4, 24, True, False), (2, 1, 1, 4, 24, True, True), (4, 1, 1, 4, 24, False, False),
              (2, 1, 1, 8, 32, True, True), (8, 1, 1, 4, 24, False, False))  # fmt: skip
-    for bk, wpt, warps, sub, per_sm, prefetch, flat in ones if m == 1 else fours:
+    for bk, wpt, warps, sub, per_sm, prefetch, flat in ones if m == 1 else fours if m <= 8 else ():
         blocks = triton.cdiv(n // 8, 32 * warps * wpt)
         split = split_for(blocks, sub * k // group, per_sm, 4096)
         yield RowTiles(bk, wpt, warps, sub, split, prefetch, flat)
@@ -108,7 +108,7 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
         (2, 8, True),
         (1, 16, False),
     )
-    for warps, per_sm, prefetch in mma if m <= 8 else ():
+    for warps, per_sm, prefetch in mma if m <= 8 else mma[1:2]:
         yield MmaTiles(split_for(triton.cdiv(n // 16, warps), k // group, per_sm, 512), warps, prefetch)
     for bk, stages, pairs, per_sm in ((64, 3, True, 4), (32, 4, True, 2)) if m > 1 else ():
         split = split_for(triton.cdiv(n, 256), k // group, per_sm)
@@ -148,7 +148,7 @@ def skinny_rows(
         io = x.numel() * 2 + m * n * 2
         t_sk = graph_us(lambda i, x=x: skinny_gemm(x, drot[i % len(drot)], workspace=dws), len(drot))
         t_cb = graph_us(lambda i, x=x: x @ drot[i % len(drot)].T, len(drot))
-        for tiles in variants(m, n, k, group) if sweep and m < 16 else [None]:
+        for tiles in variants(m, n, k, group) if sweep else [None]:
             try:
                 if isinstance(tiles, MmaTiles) and not frags:
                     frags.extend(fragment_pack(r[0], group) for r in rot)
@@ -180,7 +180,7 @@ def _call(
 ) -> torch.Tensor:
     """One launch on copy i of the weights (fragment layout copies for MmaTiles)."""
     if isinstance(t, MmaTiles):
-        return launch_mma(x, frags[i], rot[i][1], rot[i][2], group, out, t, ws, False)
+        return awq_mma(x, frags[i], rot[i][1], rot[i][2], out=out, tiles=t, workspace=ws)
     return awq_skinny(x, *rot[i], out=out, tiles=t, workspace=ws)
 
 
@@ -218,7 +218,7 @@ def _warm(args: tuple[list[str], list[str], int, int, int]) -> int:
             packed = None
             ws = AwqWorkspace.allocate(n, dev)
             for m in (1, 4, 16):
-                for tiles in variants(m, n, k, group) if model in sweep and m < 16 else [None]:
+                for tiles in variants(m, n, k, group) if model in sweep else [None]:
                     i += 1
                     if i % shares != share:
                         continue

@@ -129,7 +129,7 @@ def fragment_dequant(
     """W.T (K, N) into `out` from the fragment layout of kernels/awq_mma.py; returns `out`."""
     groups, n = scales.shape
     k = out.shape[0]
-    check_tensor("packed", packed, ndim=1, dtypes=(torch.int32,))
+    check_tensor("packed", packed, ndim=2, dtypes=(torch.int32,))
     check_tensor("qzeros", qzeros, shape=(groups, n // PACK), dtypes=(torch.int32,), device=packed.device)
     check_tensor("scales", scales, ndim=2, dtypes=(torch.float16,), device=packed.device)
     if groups < 1 or k % groups or packed.numel() != k * n // PACK:

@@ -27,8 +27,10 @@ import triton
 import triton.language as tl
 
 from .awq_format import unpack_int4
+from .awq_gemm import check_awq
 from .awq_gemv import AwqWorkspace
-from .pdl import launch_options, pdl_release, pdl_wait
+from .contract import check_out
+from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 
 MMA_MAX_M = 8  # one MMA's B columns
 
@@ -61,7 +63,8 @@ def load_words(group: int) -> int:
 
 
 def fragment_pack(qweight: torch.Tensor, group: int) -> torch.Tensor:
-    """AutoAWQ's qweight (K, N / 8) to the fragment layout, flat int32 (N * K / 8,)."""
+    """AutoAWQ's qweight (K, N / 8) to the fragment layout: int32 of the same shape (only the order of
+    the words and nibbles differs, so every shape check still holds)."""
     k, n = qweight.shape[0], qweight.shape[1] * 8
     lw = load_words(group)
     if k % (16 * lw) or n % 16:
@@ -74,13 +77,13 @@ def fragment_pack(qweight: torch.Tensor, group: int) -> torch.Tensor:
     nib = rb + 2 * (r // 2) + 4 * (r % 2)  # (rb, r) -> nibble: A register r // 2 * 2 + rb, half r % 2
     words = (q << (4 * nib).to(q.device)).sum(dim=(-1, -2))  # (nt, kb, g, t, j)
     words = torch.where(words >= 2**31, words - 2**32, words)
-    return words.to(torch.int32).reshape(-1)
+    return words.to(torch.int32).reshape(k, n // 8)
 
 
 def fragment_unpack(packed: torch.Tensor, k: int, n: int, group: int) -> torch.Tensor:
     """The inverse of fragment_pack, to values (K, N) in 0..15 (the test oracle of the layout)."""
     lw = load_words(group)
-    w = packed.to(torch.int64).view(n // 16, k // (16 * lw), 8, 4, lw, 1, 1)
+    w = packed.to(torch.int64).reshape(n // 16, k // (16 * lw), 8, 4, lw, 1, 1)
     rb = torch.arange(2).view(2, 1)
     r = torch.arange(4).view(1, 4)
     nib = rb + 2 * (r // 2) + 4 * (r % 2)
@@ -288,4 +291,36 @@ def launch_mma(
         num_warps=tiles.num_warps, num_stages=1,
         **launch_options(pdl),
     )  # fmt: skip
+    return out
+
+
+def mma_tiles(n: int, k: int, group: int, device: torch.device) -> MmaTiles:
+    """One warp a program, K shares of whole groups for about 16 programs per SM, prefetching."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    return MmaTiles(max(1, min(k // group, triton.cdiv(16 * sms, n // 16))), 1, True)
+
+
+def awq_mma(
+    x: torch.Tensor,
+    fragments: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    out: torch.Tensor | None = None,
+    tiles: MmaTiles | None = None,
+    workspace: AwqWorkspace | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """x (M, K) bf16, M <= 16, times the AWQ matrix in the fragment layout (fragments: fragment_pack's
+    words viewed as (K, N / 8)): (M, N) bf16. Rows 9..16 are a second launch (one MMA holds 8)."""
+    group = check_awq(x, fragments, qzeros, scales)
+    m, k = x.shape
+    n = scales.shape[1]
+    if not 1 <= m <= 2 * MMA_MAX_M:
+        raise ValueError(f"x must have 1..{2 * MMA_MAX_M} rows, got {m}")
+    check_pdl(pdl, x.device)
+    out = check_out(out, (m, n), x.dtype, x.device)
+    tiles = tiles or mma_tiles(n, k, group, x.device)
+    for r in range(0, m, MMA_MAX_M):
+        rows = slice(r, min(m, r + MMA_MAX_M))
+        launch_mma(x[rows], fragments, qzeros, scales, group, out[rows], tiles, workspace, pdl)
     return out

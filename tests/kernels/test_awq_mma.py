@@ -44,13 +44,14 @@ def replay(x: torch.Tensor, words: torch.Tensor, qzeros: torch.Tensor, scales: t
     xw[:m] = x.float()
     y = torch.zeros(8, n)
     z = unpack_int4(qzeros)  # (K / group, N)
+    flat = words.reshape(-1)  # the kernel sees only the pointer
     for nt in range(n // 16):
         for kb in range(k // (16 * lw)):
             grp = kb * 16 * lw // group
             for lane in range(32):
                 g, t = lane // 4, lane % 4
                 for j in range(lw):
-                    word = int(words[((nt * (k // (16 * lw)) + kb) * 32 + lane) * lw + j]) & 0xFFFFFFFF
+                    word = int(flat[((nt * (k // (16 * lw)) + kb) * 32 + lane) * lw + j]) & 0xFFFFFFFF
                     for (ro, co), q in a_fragment(word).items():
                         # col offset co of the lane: MMA k = 2t + co; rows 4 LW t + 4 j + r of the load
                         r = (co % 2) + 2 * (co // 8)
@@ -65,7 +66,7 @@ def replay(x: torch.Tensor, words: torch.Tensor, qzeros: torch.Tensor, scales: t
 def test_pack_round_trip(n: int, k: int, group: int) -> None:
     qweight, _, _ = random_layer(n, k, group)
     words = fragment_pack(qweight, group)
-    assert words.dtype == torch.int32 and words.numel() == k * n // 8
+    assert words.dtype == torch.int32 and words.shape == qweight.shape
     assert torch.equal(fragment_unpack(words, k, n, group), unpack_int4(qweight))
 
 
@@ -96,7 +97,7 @@ def test_word_of_a_hand_worked_tile() -> None:
     # q = 0 1 8 9 2 3 10 11.
     q = (torch.arange(32).view(32, 1) + torch.arange(16).view(1, 16)) % 16
     words = fragment_pack(pack_int4(q.to(torch.int32)), 32)
-    nibbles = [(int(words[0]) >> (4 * i)) & 0xF for i in range(8)]
+    nibbles = [(int(words.reshape(-1)[0]) >> (4 * i)) & 0xF for i in range(8)]
     assert nibbles == [0, 8, 2, 10, 1, 9, 3, 11]
 
 
