@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Any
 
 import torch
 
 from lsp_dscoder.engine.errors import CheckpointError, UnsupportedModelError
-from lsp_dscoder.kernels.awq_format import BITS, PACK, dequantize
+from lsp_dscoder.kernels.awq_format import BITS, PACK, dequantize, pack_int4
+from lsp_dscoder.kernels.awq_mma import fragment_pack, fragment_unpack, fragments_fit
 
 GROUP_SIZES = (32, 64, 128)
 QUANT_CONFIG_FILE = "quant_config.json"  # AutoAWQ's own file, next to config.json in older checkpoints
@@ -79,6 +81,14 @@ class AwqConfig:
         return cls(group_size=group, bits=bits, zero_point=True, version=version)
 
 
+class PackedLayout(Enum):
+    """Order of the words in `qweight`: as the checkpoint stores them, or permuted at load for the
+    tensor-core kernel (kernels/awq_mma.py: each lane's word is its MMA fragment). Same shape."""
+
+    AWQ = "awq"
+    FRAGMENTS = "fragments"
+
+
 @dataclass(frozen=True)
 class AwqLinear:
     """One packed linear layer y = x @ W.T, W (out, in); tensors as in kernels/awq_format.py."""
@@ -87,6 +97,7 @@ class AwqLinear:
     qzeros: torch.Tensor  # (in / group, out / 8) int32
     scales: torch.Tensor  # (in / group, out) fp16
     group_size: int
+    layout: PackedLayout = PackedLayout.AWQ
 
     @property
     def in_features(self) -> int:
@@ -96,20 +107,43 @@ class AwqLinear:
     def out_features(self) -> int:
         return int(self.scales.shape[1])
 
+    def awq_qweight(self) -> torch.Tensor:
+        """qweight in AutoAWQ's order, whatever the layout."""
+        if self.layout is PackedLayout.AWQ:
+            return self.qweight
+        k, n = self.in_features, self.out_features
+        return pack_int4(fragment_unpack(self.qweight, k, n, self.group_size))
+
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """W (out, in) in `dtype`, for the reference path."""
-        w: torch.Tensor = dequantize(self.qweight, self.qzeros, self.scales).T
+        w: torch.Tensor = dequantize(self.awq_qweight(), self.qzeros, self.scales).T
         return w.contiguous().to(dtype)
 
     def to(self, device: torch.device) -> AwqLinear:
-        return AwqLinear(
-            self.qweight.to(device), self.qzeros.to(device), self.scales.to(device), self.group_size
+        return replace(
+            self,
+            qweight=self.qweight.to(device),
+            qzeros=self.qzeros.to(device),
+            scales=self.scales.to(device),
+        )
+
+    def fragments_fit(self) -> bool:
+        return fragments_fit(self.in_features, self.out_features, self.group_size)
+
+    def to_fragments(self) -> AwqLinear:
+        """The same layer in the fragment layout (a no-op if it is already)."""
+        if self.layout is PackedLayout.FRAGMENTS:
+            return self
+        return replace(
+            self, qweight=fragment_pack(self.qweight, self.group_size), layout=PackedLayout.FRAGMENTS
         )
 
     @staticmethod
     def cat(parts: list[AwqLinear]) -> AwqLinear:
         """Layers sharing their input, side by side along the output (fused QKV, gate/up). Whole words
         only: every part's output is a multiple of 8, so no word straddles two parts."""
+        if any(p.layout is not PackedLayout.AWQ for p in parts):
+            raise ValueError("only layers in AutoAWQ's layout concatenate (fuse before permuting)")
         return AwqLinear(
             torch.cat([p.qweight for p in parts], dim=1).contiguous(),
             torch.cat([p.qzeros for p in parts], dim=1).contiguous(),

@@ -62,22 +62,32 @@ def load_words(group: int) -> int:
     return min(4, group // 16)
 
 
-def fragment_pack(qweight: torch.Tensor, group: int) -> torch.Tensor:
+def fragments_fit(k: int, n: int, group: int) -> bool:
+    """Whether a (K, N) matrix with this group size has a fragment layout."""
+    return k % (16 * load_words(group)) == 0 and n % 16 == 0 and group % 32 == 0
+
+
+def fragment_pack(qweight: torch.Tensor, group: int, chunk: int = 2048) -> torch.Tensor:
     """AutoAWQ's qweight (K, N / 8) to the fragment layout: int32 of the same shape (only the order of
-    the words and nibbles differs, so every shape check still holds)."""
+    the words and nibbles differs, so every shape check still holds). Column tiles are contiguous in the
+    layout, so it is built `chunk` columns at a time (the int64 temporaries of a whole 33B matrix would
+    take gigabytes)."""
     k, n = qweight.shape[0], qweight.shape[1] * 8
     lw = load_words(group)
-    if k % (16 * lw) or n % 16:
+    if not fragments_fit(k, n, group):
         raise ValueError(f"fragment layout needs K % {16 * lw} == 0 and N % 16 == 0, got K {k}, N {n}")
-    q = unpack_int4(qweight).to(torch.int64)  # (K, N)
-    # K = (kb, t, j, r), N = (nt, rb, g): row 16 nt + 8 rb + g, k = 16 LW kb + 4 LW t + 4 j + r.
-    q = q.view(k // (16 * lw), 4, lw, 4, n // 16, 2, 8).permute(4, 0, 6, 1, 2, 5, 3)  # (nt,kb,g,t,j,rb,r)
-    rb = torch.arange(2).view(2, 1)
-    r = torch.arange(4).view(1, 4)
-    nib = rb + 2 * (r // 2) + 4 * (r % 2)  # (rb, r) -> nibble: A register r // 2 * 2 + rb, half r % 2
-    words = (q << (4 * nib).to(q.device)).sum(dim=(-1, -2))  # (nt, kb, g, t, j)
-    words = torch.where(words >= 2**31, words - 2**32, words)
-    return words.to(torch.int32).reshape(k, n // 8)
+    rb = torch.arange(2, device=qweight.device).view(2, 1)
+    r = torch.arange(4, device=qweight.device).view(1, 4)
+    shift = 4 * (rb + 2 * (r // 2) + 4 * (r % 2))  # (rb, r) -> bit of nibble rb + 2 (r // 2) + 4 (r % 2)
+    parts = []
+    for c0 in range(0, n, chunk):
+        c = min(chunk, n - c0)
+        q = unpack_int4(qweight[:, c0 // 8 : (c0 + c) // 8]).to(torch.int64)  # (K, c)
+        # K = (kb, t, j, r), N = (nt, rb, g): k = 16 LW kb + 4 LW t + 4 j + r, column 16 nt + 8 rb + g.
+        q = q.view(k // (16 * lw), 4, lw, 4, c // 16, 2, 8).permute(4, 0, 6, 1, 2, 5, 3)  # (nt,kb,g,t,j,rb,r)
+        words = (q << shift).sum(dim=(-1, -2))  # (nt, kb, g, t, j): disjoint bits, so the sum is an OR
+        parts.append(torch.where(words >= 2**31, words - 2**32, words).to(torch.int32).reshape(-1))
+    return torch.cat(parts).reshape(k, n // 8)
 
 
 def fragment_unpack(packed: torch.Tensor, k: int, n: int, group: int) -> torch.Tensor:

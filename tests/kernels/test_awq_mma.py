@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lsp_dscoder.engine.awq import AwqLinear, PackedLayout
 from lsp_dscoder.kernels.awq_dequant import awq_dequant_ref, fragment_dequant
 from lsp_dscoder.kernels.awq_format import pack_int4, unpack_int4
 from lsp_dscoder.kernels.awq_gemm import awq_gemm_ref
@@ -68,6 +69,22 @@ def test_pack_round_trip(n: int, k: int, group: int) -> None:
     words = fragment_pack(qweight, group)
     assert words.dtype == torch.int32 and words.shape == qweight.shape
     assert torch.equal(fragment_unpack(words, k, n, group), unpack_int4(qweight))
+
+
+def test_pack_in_column_chunks() -> None:
+    qweight, _, _ = random_layer(96, 256, 128)
+    assert torch.equal(fragment_pack(qweight, 128, chunk=32), fragment_pack(qweight, 128))
+
+
+def test_layer_in_fragments_dequantizes_the_same() -> None:
+    # The reference path falls back on a fast path's layers: they dequantize alike in either layout.
+    layer = AwqLinear(*random_layer(48, 192, 64), group_size=64)
+    frag = layer.to_fragments()
+    assert frag.layout is PackedLayout.FRAGMENTS and frag.qweight.shape == layer.qweight.shape
+    assert torch.equal(frag.dequantized(torch.float32), layer.dequantized(torch.float32))
+    assert torch.equal(frag.awq_qweight(), layer.qweight)
+    with pytest.raises(ValueError, match="fuse before permuting"):
+        AwqLinear.cat([frag, frag])
 
 
 @pytest.mark.parametrize(("n", "k", "group"), SHAPES[:2])
