@@ -29,7 +29,7 @@ import triton.language as tl
 from .awq_format import unpack_int4
 from .awq_gemm import check_awq
 from .awq_gemv import AwqWorkspace
-from .contract import check_out
+from .contract import check_out, interpreting
 from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 
 MMA_MAX_M = 8  # one MMA's B columns
@@ -55,6 +55,12 @@ UNIT1 = tl.constexpr(_PAIR % ("shr", 1))
 UNIT2 = tl.constexpr(_PAIR % ("shr", 5))
 UNIT3 = tl.constexpr(_PAIR % ("shr", 9))
 BF16_ONES = tl.constexpr(0x3F803F80)  # two bf16 1.0: the A operand of the X = sum x MMA
+
+
+def mma_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """bf16 MMAs (sm_80 or later), compiled: the interpreter runs no inline PTX."""
+    cuda = device.type == "cuda" and not interpreting()
+    return cuda and dtype == torch.bfloat16 and torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def load_words(group: int) -> int:
