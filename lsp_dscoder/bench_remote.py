@@ -4,8 +4,8 @@
 The server writes each request body it sends to a trace file (`LSP_DSCODER_REMOTE_TRACE`, after the
 stream ends, off the measured path). Once the session is over, those bodies are replayed in order, with
 the same pauses, by a bare `http.client` client on an already-open connection: request written -> first
-streamed chunk with text. Same token ids, same cache state in the endpoint (greedy, same order), so per keystroke the
-difference between the client's first partial and the direct time is what our server adds.
+streamed chunk with text. Same token ids, same cache state in the endpoint (greedy, same order), so per
+keystroke the difference between the client's first partial and the direct time is what our server adds.
 
 Without --endpoint, llama.cpp's server (built by `tests/remote/install_llama_server.sh`) is started on
 the checkpoint converted to GGUF. `python -m lsp_dscoder.bench_remote LLAMA_DIR CHECKPOINT OUT [TYPE]`
@@ -107,24 +107,21 @@ class Direct:
     processed: int | None  # prompt tokens it computed (`timings.prompt_n`)
 
 
-def _connect(host: str, port: int) -> http.client.HTTPConnection:
+def send_direct(
+    host: str, port: int, path: str, body: bytes, at: float, hold_s: float | None
+) -> tuple[Direct, float]:
+    """`body` sent at `at` (time.perf_counter), as the session sent it after the one before, on a
+    connection opened before that (as the server's spare: no handshake on the keystroke); the stream is
+    read until it ends, or cut `hold_s` after the request was written, when the session's next request
+    came (as the server cuts a superseded one). Returns the times and when the request was written."""
+    if (wait := at - 0.05 - time.perf_counter()) > 0:  # servers close idle connections (llama.cpp: 5 s)
+        time.sleep(wait)
     conn = http.client.HTTPConnection(host, port, timeout=60)
     conn.connect()
     assert conn.sock is not None
     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return conn
-
-
-def send_direct(
-    conn: http.client.HTTPConnection, path: str, body: bytes, at: float, hold_s: float | None
-) -> tuple[Direct, float]:
-    """`body` sent on `conn` (open: as the server's spare connection, no handshake on the keystroke) at
-    `at` (time.perf_counter), as the session sent it after the one before; the stream is read until it
-    ends, or cut `hold_s` after the request was written, when the session's next request came (as the
-    server cuts a superseded one). Returns the times and when the request was written."""
     while (wait := at - time.perf_counter()) > 0:
         time.sleep(wait)
-    assert conn.sock is not None
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     started = time.perf_counter()
     conn.request("POST", path, body, headers)
@@ -161,15 +158,12 @@ def replay(endpoint: str, trace: Path) -> list[tuple[dict[str, Any], Direct]]:
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     out = []
     at = time.perf_counter()
-    conn = _connect(host, port)
     for entry, after in zip(entries, [*entries[1:], None], strict=True):
         hold = None if after is None else after["submitted"] - entry["submitted"]
         data = json.dumps(entry["body"], separators=(",", ":")).encode()
-        spare = _connect(host, port)  # the next request's connection, open before this one goes out
-        direct, written = send_direct(conn, path, data, at, hold)
+        direct, written = send_direct(host, port, path, data, at, hold)
         out.append((entry, direct))
-        at, conn = written + (hold or 0.0), spare
-    conn.close()
+        at = written + (hold or 0.0)
     return out
 
 
