@@ -18,7 +18,7 @@ import torch
 
 from lsp_dscoder.engine.errors import CheckpointError, UnsupportedModelError
 from lsp_dscoder.kernels.awq_format import BITS, PACK, dequantize, pack_int4
-from lsp_dscoder.kernels.awq_mma import fragment_pack, fragment_unpack, fragments_fit
+from lsp_dscoder.kernels.awq_fragments import fragment_pack, fragment_unpack, fragments_fit
 
 GROUP_SIZES = (32, 64, 128)
 QUANT_CONFIG_FILE = "quant_config.json"  # AutoAWQ's own file, next to config.json in older checkpoints

@@ -21,9 +21,10 @@ import triton
 
 from .awq_dequant import awq_dequant, fragment_dequant
 from .awq_format import pack_int4
+from .awq_fragments import fragment_pack
 from .awq_gemm import AwqTiles, awq_gemm_ref, awq_skinny
 from .awq_gemv import AwqWorkspace, GemvTiles
-from .awq_mma import MmaTiles, awq_mma, fragment_pack
+from .awq_mma import MmaTiles, awq_mma
 from .awq_rows import RowTiles
 from .shapes import by_name
 from .skinny_gemm import SkinnyWorkspace, skinny_gemm
