@@ -29,6 +29,8 @@ from lsp_dscoder.engine.awq import AwqLinear
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
+from lsp_dscoder.engine.step_graphs import StepGraph, part_bounds, part_count
+from lsp_dscoder.engine.weights import LayerWeights
 from lsp_dscoder.kernels.awq_dequant import awq_dequant
 from lsp_dscoder.kernels.awq_gemm import AwqWorkspace, awq_skinny
 from lsp_dscoder.kernels.decode_attention import decode_attention
@@ -42,9 +44,19 @@ from lsp_dscoder.kernels.skinny_parts import NormPrologue
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 GEMM_CHOICES = ("auto", "cublas", "skinny")
-Graph = tuple[torch.cuda.CUDAGraph, torch.Tensor]  # a captured step and its logits buffer
+# What the layers pass on: the last layer's output (None before the first) and the residual stream.
+State = tuple[torch.Tensor | None, torch.Tensor]
 Progress = Callable[[str, int, int], None]
 Interrupted = Callable[[], bool]  # engine/generate.py's: asked between layers of an eager forward
+
+
+def _layer_tensors(layer: LayerWeights) -> list[torch.Tensor]:
+    """The tensors a layer streams: its packed AWQ matrices when it has them (the dense ones are meta)."""
+    if layer.quant is not None:
+        q = layer.quant
+        packed = [t for m in (q.wqkv, q.wo, q.w_gate_up, q.w_down) for t in (m.qweight, m.qzeros, m.scales)]
+        return [*packed, layer.input_norm, layer.post_norm]
+    return [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down, layer.input_norm, layer.post_norm]
 
 
 class FastRunner:
@@ -57,7 +69,9 @@ class FastRunner:
     (two launches a layer fewer); None: "auto" times that graph as a third candidate per bucket. Off by
     default: both forms measured slower on the H200 than the launches they save, and auto never picked it
     while it cost the warm-up a third capture per bucket (docs/kernels.md). `fused_glu` (with it): the
-    SwiGLU in the gate/up GEMM's epilogue (one launch more; measured slower, off)."""
+    SwiGLU in the gate/up GEMM's epilogue (one launch more; measured slower, off). `parts`: each step's
+    graph in that many parts, which a stale step stops between (engine/step_graphs.py); None: by the
+    weights' bytes."""
 
     def __init__(
         self,
@@ -70,6 +84,7 @@ class FastRunner:
         fused_combine: bool | None = None,
         fused_norm: bool | None = False,
         fused_glu: bool = False,
+        parts: int | None = None,
     ) -> None:
         if gemm not in GEMM_CHOICES:
             raise ValueError(f"gemm must be one of {GEMM_CHOICES}, got {gemm!r}")
@@ -86,7 +101,12 @@ class FastRunner:
         self.ids = torch.zeros(n, dtype=torch.long, device=dev)
         self.start = torch.zeros(1, dtype=torch.int32, device=dev)
         self.last = torch.zeros(1, dtype=torch.long, device=dev)
-        self.graphs: dict[tuple[int, int], Graph] = {}
+        self.graphs: dict[tuple[int, int], StepGraph] = {}
+        # Each graph in parts that a stale step can stop between (engine/step_graphs.py); None: by the
+        # bytes of the layer weights.
+        layer_bytes = sum(t.nbytes for layer in model.w.layers for t in _layer_tensors(layer))
+        self.parts = part_count(layer_bytes, cfg.num_layers) if parts is None else max(1, parts)
+        self.part_done: list[torch.cuda.Event] = []  # one per part, made by capture
         self.counts = {"graph_replays": 0, "eager_forwards": 0}
         self.gemm = gemm
         self.skinny = gemm != "cublas"  # read by `linear` while a forward is traced or run
@@ -165,18 +185,34 @@ class FastRunner:
     ) -> torch.Tensor | None:
         """ids (T,) at positions start..start+T-1 of `slot`; float32 logits (1, V) of token `last`, or None
         when `interrupted` (asked between layers) says stop."""
+        state = self.run_layers(self.embed(ids), range(len(self.model.w.layers)), start, slot, interrupted)
+        return None if state is None else self.head(state, last)
+
+    def embed(self, ids: torch.Tensor) -> State:
+        return None, self.model.w.embed[ids]  # (T, C): the residual stream before the first layer
+
+    def run_layers(
+        self,
+        state: State,
+        layers: range,
+        start: torch.Tensor,
+        slot: int,
+        interrupted: Interrupted | None = None,
+    ) -> State | None:
+        """The layers `layers` of the forward, from `state` (the last layer's output, None before the first
+        layer, and the residual stream); None when `interrupted` says stop."""
         cfg, w, cache, pdl = self.cfg, self.model.w, self.cache, self.pdl
-        t = ids.shape[0]
-        h = w.embed[ids]  # (T, C)
-        residual, x = h, None
+        x, residual = state
+        t = residual.shape[0]
         seq_len = start + 1  # decode: the current token included
-        for n, layer in enumerate(w.layers):
+        for n in layers:
             if interrupted is not None and interrupted():
                 return None
+            layer = w.layers[n]
             aq = layer.quant  # packed AWQ matrices, or None
             if x is None:
-                x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps, pdl=pdl)
-                residual = h.clone()
+                x = rms_norm(residual, layer.input_norm, cfg.rms_norm_eps, pdl=pdl)
+                residual = residual.clone()
                 qkv = self.linear(x, layer.wqkv, aq.wqkv if aq else None)  # (T, (H + 2*KVH) * D)
             else:  # residual += mlp out, then the norm and the QKV projection
                 qkv, residual = self.norm_linear(
@@ -198,8 +234,14 @@ class FastRunner:
                 o, residual, post, layer.w_gate_up, aq.w_gate_up if aq else None, glu=True
             )
             x = self.linear(act, layer.w_down, aq.w_down if aq else None)  # (T, C)
-        assert x is not None  # set by the first layer; a model has at least one
-        x = rms_norm(x, w.norm, cfg.rms_norm_eps, residual=residual, pdl=pdl)  # (T, C)
+        return x, residual
+
+    def head(self, state: State, last: torch.Tensor) -> torch.Tensor:
+        """The final norm and the LM head on row `last`: float32 logits (1, V)."""
+        x, residual = state
+        assert x is not None  # a model has at least one layer
+        w = self.model.w
+        x = rms_norm(x, w.norm, self.cfg.rms_norm_eps, residual=residual, pdl=self.pdl)  # (T, C)
         # The LM head stays on cuBLAS: at 32K rows it streams near copy bandwidth there (docs/kernels.md).
         return (x.index_select(0, last) @ w.lm_head.T).float()  # (1, V): LM head on one row
 
@@ -218,8 +260,8 @@ class FastRunner:
     def _step(
         self, ids: torch.Tensor, start: int, slot: int, interrupted: Interrupted | None
     ) -> torch.Tensor | None:
-        """One graph replay (a unit: a few ms at most), or an eager forward that `interrupted` may stop
-        between layers; None when stopped, the rows it wrote not valid."""
+        """One graph replay, which `interrupted` may stop between its parts (engine/step_graphs.py), or an
+        eager forward that it may stop between layers; None when stopped, the rows it wrote not valid."""
         if interrupted is not None and interrupted():
             return None
         t = ids.shape[0]
@@ -229,17 +271,19 @@ class FastRunner:
             pos = torch.full((1,), start, dtype=torch.int32, device=ids.device)
             last = torch.full((1,), t - 1, dtype=torch.long, device=ids.device)
             return self.forward(ids, pos, last, slot, interrupted)
-        graph, logits = self.graphs[(slot, bucket)]
+        step = self.graphs[(slot, bucket)]
         if ids.data_ptr() != self.ids.data_ptr():
             self.ids[:t].copy_(ids, non_blocking=True)
         self.start.fill_(start)
         self.last.fill_(t - 1)
-        graph.replay()
         self.counts["graph_replays"] += 1
-        return logits.clone()  # the graph's output buffer is rewritten by the next replay
+        if not step.replay(self.part_done, interrupted):
+            return None
+        return step.logits.clone()  # the graph's output buffer is rewritten by the next replay
 
     # -- warm-up: compile every kernel variant, capture the graphs -----------------------------------
     def capture(self, progress: Progress | None = None) -> None:
+        self.part_done = [torch.cuda.Event() for _ in range(self.parts)]  # type: ignore[no-untyped-call]
         todo = [(s, b) for s in range(len(self.cache.slots)) for b in self.buckets]
         self.start.zero_()
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
@@ -258,7 +302,7 @@ class FastRunner:
         self.pool = torch.cuda.graph_pool_handle()  # one memory pool for every graph of this runner
         # Graphs that lost a timing stay alive until every capture into the shared pool is done: freeing
         # the only graphs of a pool releases it, and a later capture into it fails.
-        losers: list[Graph] = []
+        losers: list[StepGraph] = []
         for i, (slot, b) in enumerate(todo):
             if b in self.chosen:
                 self._use(self.chosen[b])
@@ -285,17 +329,28 @@ class FastRunner:
             return ("cublas", "skinny", "skinny+norm") if self.fused_norm is None else ("cublas", "skinny")
         return ("skinny",)
 
-    def _capture_one(self, bucket: int, slot: int) -> Graph:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = self.forward(self.ids[:bucket], self.start, self.last, slot)
-        assert logits is not None  # nothing interrupts a capture
-        return graph, logits
+    def _capture_one(self, bucket: int, slot: int) -> StepGraph:
+        parts: list[torch.cuda.CUDAGraph] = []
+        held: list[torch.Tensor] = []
+        state: State | None = None
+        logits: torch.Tensor | None = None
+        bounds = part_bounds(len(self.model.w.layers), self.parts)
+        for i, layers in enumerate(bounds):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                state = self.run_layers(state or self.embed(self.ids[:bucket]), layers, self.start, slot)
+                assert state is not None  # nothing interrupts a capture
+                if i == len(bounds) - 1:
+                    logits = self.head(state, self.last)
+            parts.append(graph)
+            held.extend(t for t in state if t is not None)
+        assert logits is not None
+        return StepGraph(tuple(parts), logits, tuple(held))
 
-    def _time_choices(self, bucket: int, slot: int, losers: list[Graph]) -> tuple[str, Graph]:
+    def _time_choices(self, bucket: int, slot: int, losers: list[StepGraph]) -> tuple[str, StepGraph]:
         """The GEMM choice whose graph replays fastest for this bucket (median of 9 timed replays), and
         that graph; the others go to `losers`."""
-        timed: dict[str, tuple[float, Graph]] = {}
+        timed: dict[str, tuple[float, StepGraph]] = {}
         self.last.fill_(bucket - 1)  # the timed replays run: `last` must index this bucket's rows
         for choice in self._choices(bucket):
             self._use(choice)
@@ -305,7 +360,7 @@ class FastRunner:
                 begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 begin.record()
-                captured[0].replay()
+                captured.replay(self.part_done)
                 end.record()
                 end.synchronize()
                 if rep >= 3:  # the first replays upload the graph and warm the caches

@@ -127,12 +127,12 @@ def profile_variant(
     runner.prefill(ids[:ctx], 0, 0)
     # One replay of the step's graph, which also sets its position inputs for the replays below.
     logits = runner.decode(int(ids[-1]), ctx, 0) if tokens == 1 else runner.prefill(ids[ctx:], ctx, 0)
-    graph, _ = runner.graphs[(0, tokens)]
+    step = runner.graphs[(0, tokens)]
     times = []
     for _ in range(33):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        graph.replay()
+        step.replay(runner.part_done)
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3)
@@ -140,7 +140,7 @@ def profile_variant(
     reps = 5
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            graph.replay()
+            step.replay(runner.part_done)
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"

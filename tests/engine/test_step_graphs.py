@@ -1,0 +1,82 @@
+"""How a step's graph is cut into parts and how the parts are run: the layer ranges, the part count, and
+the one-ahead order that lets a stale step stop between parts. CUDA graphs do not run on this machine:
+the parts here record what happens to them; the real graphs are checked against the eager forward on
+the GPU (`python -m tests.gpu.step_parts`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from lsp_dscoder.engine.step_graphs import MAX_PARTS, PART_BYTES, StepGraph, part_bounds, part_count
+
+
+def test_part_bounds_cover_every_layer_once_in_order() -> None:
+    assert part_bounds(24, 1) == [range(0, 24)]
+    assert part_bounds(32, 8) == [range(4 * i, 4 * i + 4) for i in range(8)]
+    assert part_bounds(62, 8) == [range(0, 7), range(7, 15), range(15, 23), range(23, 31),
+                                  range(31, 38), range(38, 46), range(46, 54), range(54, 62)]  # fmt: skip
+    assert part_bounds(3, 8) == [range(0, 1), range(1, 2), range(2, 3)]
+
+
+def test_part_count_follows_the_bytes_and_skips_cuts_that_would_not_pay() -> None:
+    assert part_count(2 * PART_BYTES, 24) == 1  # 1.3B: two parts wait as long as one whole step
+    assert part_count(4 * PART_BYTES, 32) == 4
+    assert part_count(100 * PART_BYTES, 62) == MAX_PARTS  # 33B
+    assert part_count(100 * PART_BYTES, 5) == 5  # never more parts than layers
+
+
+class _Part:
+    def __init__(self, i: int, log: list[str]) -> None:
+        self.i, self.log = i, log
+
+    def replay(self) -> None:
+        self.log.append(f"launch {self.i}")
+
+
+class _Done:
+    def __init__(self, i: int, log: list[str]) -> None:
+        self.i, self.log = i, log
+
+    def record(self) -> None:
+        self.log.append(f"record {self.i}")
+
+    def synchronize(self) -> None:
+        self.log.append(f"wait {self.i}")
+
+
+def _step(n: int) -> tuple[StepGraph, list[Any], list[str]]:
+    log: list[str] = []
+    parts: Any = tuple(_Part(i, log) for i in range(n))
+    return StepGraph(parts, torch.zeros(1), ()), [_Done(i, log) for i in range(n)], log
+
+
+def test_parts_run_one_ahead_and_ask_between_them() -> None:
+    step, done, log = _step(4)
+    asked: list[str] = []
+
+    def interrupted() -> bool:
+        asked.append(log[-1])
+        return False
+
+    assert step.replay(done, interrupted)
+    assert log == [
+        *("launch 0", "record 0", "launch 1", "record 1"),
+        *("wait 0", "launch 2", "record 2", "wait 1", "launch 3", "record 3"),
+    ]
+    assert asked == ["record 0", "wait 0", "wait 1"]  # before each launch after the first
+
+
+def test_a_stale_step_stops_with_two_parts_in_flight_at_most() -> None:
+    step, done, log = _step(8)
+    calls = 0
+
+    def interrupted() -> bool:
+        nonlocal calls
+        calls += 1
+        return calls == 3  # the request went stale while part 1 ran
+
+    assert not step.replay(done, interrupted)
+    assert log[-2:] == ["record 2", "wait 1"]  # parts 2 launched, 3..7 never
+    assert sum(e.startswith("launch") for e in log) == 3
