@@ -94,12 +94,12 @@ def _quad(t):
 
 
 @triton.jit
-def _load_b(x_ptr, kb, x_off, x_ok, LW: tl.constexpr):
+def _load_b(x_ptr, kb, x_off, LW: tl.constexpr):
     """The B words of load kb, (L, 4) each: blocks 0-1 and 2-3 (the second is the first again at LW 2)."""
-    xa = tl.load(x_ptr + kb * (8 * LW) + x_off, mask=x_ok, other=0)
+    xa = tl.load(x_ptr + kb * (8 * LW) + x_off)
     xb = xa
     if LW == 4:
-        xb = tl.load(x_ptr + kb * (8 * LW) + 4 + x_off, mask=x_ok, other=0)
+        xb = tl.load(x_ptr + kb * (8 * LW) + 4 + x_off)
     return xa, xb
 
 
@@ -132,33 +132,32 @@ def _mma_kernel(
     nt = pid_n * NW + lane // 32
     g = (lane % 32) // 4
     t = lane % 4
-    nt_ok = nt < N // 16
+    nt_ok = nt < N // 16  # the launcher makes NW divide N / 16: no load needs a mask
     n0 = nt * 16 + g  # A rows g and g + 8: output columns n0, n0 + 8
     g_lo = pid_k * groups_per_split
     g_hi = tl.minimum(g_lo + groups_per_split, K // GROUP)
     c4 = tl.arange(0, 4)
     w_off = (nt * TILE_WORDS + (lane % 32) * LW)[:, None] + tl.arange(0, LW)[None, :]  # (L, LW)
-    w_ok = nt_ok[:, None]
-    x_off = (g * (K // 2) + t * (2 * LW))[:, None] + c4[None, :]  # (L, 4): B words of blocks 0, 1
-    x_ok = (g < M)[:, None]
+    # B columns past M read row M - 1 again (their outputs are never stored): no masks, no zero fills.
+    x_off = (tl.minimum(g, M - 1) * (K // 2) + t * (2 * LW))[:, None] + c4[None, :]  # (L, 4): blocks 0, 1
     z_shift = (g // 2) * 4 + (g % 2) * 16  # column g of a word: AutoAWQ's nibble order
     ones = tl.full((L,), BF16_ONES, tl.int32)
     LOADS: tl.constexpr = K // (16 * LW)
     if PREFETCH:  # weights are no kernel's output: the first load may go out before the wait
-        w_next = tl.load(qp_ptr + g_lo * LPG * (32 * LW) + w_off, mask=w_ok, other=0)
+        w_next = tl.load(qp_ptr + g_lo * LPG * (32 * LW) + w_off)
     pdl_release(PDL)
     pdl_wait(PDL)  # x is the previous kernel's output
     if PREFETCH:
-        xa_next, xb_next = _load_b(x_ptr, g_lo * LPG, x_off, x_ok, LW)
+        xa_next, xb_next = _load_b(x_ptr, g_lo * LPG, x_off, LW)
     a0 = tl.zeros((L,), tl.float32)
     a1 = tl.zeros((L,), tl.float32)
     a2 = tl.zeros((L,), tl.float32)
     a3 = tl.zeros((L,), tl.float32)
     for grp in range(g_lo, g_hi):
-        zw0 = tl.load(qz_ptr + grp * (N // 8) + nt * 2, mask=nt_ok, other=0)
-        zw1 = tl.load(qz_ptr + grp * (N // 8) + nt * 2 + 1, mask=nt_ok, other=0)
-        s0 = tl.load(s_ptr + grp * N + n0, mask=nt_ok, other=0.0).to(tl.float32)
-        s1 = tl.load(s_ptr + grp * N + n0 + 8, mask=nt_ok, other=0.0).to(tl.float32)
+        zw0 = tl.load(qz_ptr + grp * (N // 8) + nt * 2)
+        zw1 = tl.load(qz_ptr + grp * (N // 8) + nt * 2 + 1)
+        s0 = tl.load(s_ptr + grp * N + n0).to(tl.float32)
+        s1 = tl.load(s_ptr + grp * N + n0 + 8).to(tl.float32)
         d0 = tl.zeros((L,), tl.float32)
         d1 = tl.zeros((L,), tl.float32)
         d2 = tl.zeros((L,), tl.float32)
@@ -173,11 +172,11 @@ def _mma_kernel(
                 w, xa, xb = w_next, xa_next, xb_next
                 # The next load goes out before this one's MMAs (past the end: the last one, unused).
                 nkb = tl.minimum(kb + 1, LOADS - 1)
-                w_next = tl.load(qp_ptr + nkb * (32 * LW) + w_off, mask=w_ok, other=0)
-                xa_next, xb_next = _load_b(x_ptr, nkb, x_off, x_ok, LW)
+                w_next = tl.load(qp_ptr + nkb * (32 * LW) + w_off)
+                xa_next, xb_next = _load_b(x_ptr, nkb, x_off, LW)
             else:
-                w = tl.load(qp_ptr + kb * (32 * LW) + w_off, mask=w_ok, other=0)  # (L, LW)
-                xa, xb = _load_b(x_ptr, kb, x_off, x_ok, LW)
+                w = tl.load(qp_ptr + kb * (32 * LW) + w_off)  # (L, LW)
+                xa, xb = _load_b(x_ptr, kb, x_off, LW)
             xa0, xa1, xa2, xa3 = _quad(xa)
             if LW == 4:
                 xb0, xb1, xb2, xb3 = _quad(xb)
@@ -249,7 +248,9 @@ def launch_mma(
     groups = k // group
     per_split = triton.cdiv(groups, max(1, tiles.split_k))
     split = triton.cdiv(groups, per_split)
-    blocks = triton.cdiv(n // 16, tiles.num_warps)
+    if (n // 16) % tiles.num_warps:
+        raise ValueError(f"num_warps {tiles.num_warps} must divide the {n // 16} column tiles")
+    blocks = n // 16 // tiles.num_warps
     acc, counts = out, out
     if split > 1:
         workspace = workspace or AwqWorkspace.allocate(n, x.device)
