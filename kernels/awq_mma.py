@@ -40,7 +40,7 @@ class MmaTiles:
 
     split_k: int = 1
     num_warps: int = 1
-    prefetch: bool = True  # the next load's words and x go out before this load's MMAs
+    depth: int = 1  # loads (words and x) in flight ahead of the MMAs: 0, 1 or 2
 
 
 _MMA = tl.constexpr(
@@ -120,7 +120,7 @@ def _mma_kernel(
     LW: tl.constexpr,
     NW: tl.constexpr,
     SPLIT_K: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    DEPTH: tl.constexpr,
     PDL: tl.constexpr,
 ):
     L: tl.constexpr = 32 * NW  # lanes of the program; warp w takes column tile pid_n * NW + w
@@ -143,12 +143,17 @@ def _mma_kernel(
     z_shift = (g // 2) * 4 + (g % 2) * 16  # column g of a word: AutoAWQ's nibble order
     ones = tl.full((L,), BF16_ONES, tl.int32)
     LOADS: tl.constexpr = K // (16 * LW)
-    if PREFETCH:  # weights are no kernel's output: the first load may go out before the wait
-        w_next = tl.load(qp_ptr + g_lo * LPG * (32 * LW) + w_off)
+    kb0 = g_lo * LPG
+    if DEPTH >= 1:  # weights are no kernel's output: the first loads may go out before the wait
+        w_next = tl.load(qp_ptr + kb0 * (32 * LW) + w_off)
+    if DEPTH == 2:
+        w_next2 = tl.load(qp_ptr + tl.minimum(kb0 + 1, LOADS - 1) * (32 * LW) + w_off)
     pdl_release(PDL)
     pdl_wait(PDL)  # x is the previous kernel's output
-    if PREFETCH:
-        xa_next, xb_next = _load_b(x_ptr, g_lo * LPG, x_off, LW)
+    if DEPTH >= 1:
+        xa_next, xb_next = _load_b(x_ptr, kb0, x_off, LW)
+    if DEPTH == 2:
+        xa_next2, xb_next2 = _load_b(x_ptr, tl.minimum(kb0 + 1, LOADS - 1), x_off, LW)
     a0 = tl.zeros((L,), tl.float32)
     a1 = tl.zeros((L,), tl.float32)
     a2 = tl.zeros((L,), tl.float32)
@@ -168,7 +173,13 @@ def _mma_kernel(
         x3 = tl.zeros((L,), tl.float32)
         for ld in range(LPG):
             kb = grp * LPG + ld  # load index: rows 16 LW kb ..
-            if PREFETCH:
+            if DEPTH == 2:
+                w, xa, xb = w_next, xa_next, xb_next
+                w_next, xa_next, xb_next = w_next2, xa_next2, xb_next2
+                nkb = tl.minimum(kb + 2, LOADS - 1)  # past the end: the last load again, unused
+                w_next2 = tl.load(qp_ptr + nkb * (32 * LW) + w_off)
+                xa_next2, xb_next2 = _load_b(x_ptr, nkb, x_off, LW)
+            elif DEPTH == 1:
                 w, xa, xb = w_next, xa_next, xb_next
                 # The next load goes out before this one's MMAs (past the end: the last one, unused).
                 nkb = tl.minimum(kb + 1, LOADS - 1)
@@ -259,7 +270,7 @@ def launch_mma(
         acc, counts = workspace.accum, workspace.counts
     _mma_kernel[(blocks, split)](
         x.view(torch.int32), packed, qzeros, scales, out, acc, counts, m, per_split, N=n, K=k, GROUP=group,
-        LW=load_words(group), NW=tiles.num_warps, SPLIT_K=split, PREFETCH=tiles.prefetch, PDL=pdl,
+        LW=load_words(group), NW=tiles.num_warps, SPLIT_K=split, DEPTH=tiles.depth, PDL=pdl,
         num_warps=tiles.num_warps, num_stages=1,
         **launch_options(pdl),
     )  # fmt: skip
@@ -267,9 +278,9 @@ def launch_mma(
 
 
 def mma_tiles(n: int, k: int, group: int, device: torch.device) -> MmaTiles:
-    """One warp a program, K shares of whole groups for about 16 programs per SM, prefetching."""
+    """One warp a program, K shares of whole groups for about 16 programs per SM, one load ahead."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    return MmaTiles(max(1, min(k // group, triton.cdiv(16 * sms, n // 16))), 1, True)
+    return MmaTiles(max(1, min(k // group, triton.cdiv(16 * sms, n // 16))), 1, 1)
 
 
 def awq_mma(
