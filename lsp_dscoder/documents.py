@@ -23,6 +23,23 @@ from lsp_dscoder.errors import DocumentNotOpenError, DocumentOutOfSyncError, Doc
 from lsp_dscoder.positions import Encoding, LineIndex, Scan, sanitize
 
 Change = types.TextDocumentContentChangePartial | types.TextDocumentContentChangeWholeDocument
+_UINTEGER = 2**31 - 1  # LSP's uinteger: positions and lengths
+Span = tuple[int, int, int, int]  # start line, start character, end line, end character (client's units)
+
+
+@dataclass(frozen=True, slots=True)
+class Edit:
+    """One content change of a didChange: `text` in place of `span`, or the whole text when it is None."""
+
+    text: str
+    span: Span | None = None
+
+    @staticmethod
+    def of(change: Change) -> Edit:
+        if isinstance(change, types.TextDocumentContentChangeWholeDocument):
+            return Edit(change.text)
+        r = change.range
+        return Edit(change.text, (r.start.line, r.start.character, r.end.line, r.end.character))
 
 
 def check_version(version: object) -> int:
@@ -32,33 +49,33 @@ def check_version(version: object) -> int:
     return version
 
 
-def change_params(raw: Any) -> types.DidChangeTextDocumentParams | None:
-    """`didChange` params built straight from the JSON (a third of what cattrs' structuring costs: this
-    runs on every keystroke); None for any shape other than the usual one, which cattrs then structures
-    or refuses with its own message."""
+def keystroke_change(raw: Any) -> tuple[str, int, list[Edit]] | None:
+    """(uri, version, edits) of `didChange` params read straight from the JSON: this runs on every
+    keystroke, and the protocol objects cattrs would build cost more than the edit. None for any shape
+    other than the usual one, which cattrs then structures or refuses with its own message. Values are
+    checked as cattrs would: integers (not bools) for positions and the version, strings for texts."""
     try:
         ident = raw["textDocument"]
-        changes: list[Change] = []
+        uri, version = ident["uri"], check_version(ident["version"])
+        edits: list[Edit] = []
         for change in raw["contentChanges"]:
             text = change["text"]
             if not isinstance(text, str):
                 return None
             if "range" not in change:
-                changes.append(types.TextDocumentContentChangeWholeDocument(text=text))
+                edits.append(Edit(text))
                 continue
             start, end = change["range"]["start"], change["range"]["end"]
-            span = types.Range(
-                start=types.Position(line=start["line"], character=start["character"]),
-                end=types.Position(line=end["line"], character=end["character"]),
-            )
-            length = change.get("rangeLength")  # deprecated, unused, but kept as cattrs would
-            changes.append(types.TextDocumentContentChangePartial(range=span, text=text, range_length=length))
-        if not isinstance(ident["uri"], str):
+            span = (start["line"], start["character"], end["line"], end["character"])
+            length = change.get("rangeLength", 0)  # deprecated and unused, but cattrs would refuse a bad one
+            if not all(type(n) is int and 0 <= n <= _UINTEGER for n in (*span, length)):
+                return None
+            edits.append(Edit(text, span))
+        if not isinstance(uri, str):
             return None
-        doc = types.VersionedTextDocumentIdentifier(uri=ident["uri"], version=check_version(ident["version"]))
-    except (KeyError, TypeError, ValueError, DocumentSyncError):
+    except (KeyError, TypeError, DocumentSyncError):
         return None
-    return types.DidChangeTextDocumentParams(text_document=doc, content_changes=tuple(changes))
+    return uri, version, edits
 
 
 @dataclass(eq=False)
@@ -88,32 +105,33 @@ class Document:
     def position_at(self, offset: int, encoding: Encoding) -> tuple[int, int]:
         return self.index.position_at(self.text, offset, encoding, self.scan)
 
-    def apply(self, version: int, changes: Sequence[Change], encoding: Encoding) -> None:
+    def apply(self, version: int, changes: Sequence[Edit | Change], encoding: Encoding) -> None:
         """Apply a didChange. All or nothing: raises DocumentSyncError and keeps the old state if any
         change is invalid (and then marks the document out of sync)."""
         try:
-            self._apply(check_version(version), changes, encoding)
+            edits = [c if isinstance(c, Edit) else Edit.of(c) for c in changes]
+            self._apply(check_version(version), edits, encoding)
         except DocumentSyncError as exc:
             self.out_of_sync = str(exc)
             raise
 
-    def _apply(self, version: int, changes: Sequence[Change], encoding: Encoding) -> None:
+    def _apply(self, version: int, edits: Sequence[Edit], encoding: Encoding) -> None:
         if version <= self.version:
             raise DocumentSyncError(f"version {version} does not follow version {self.version}")
         text, index, whole = self.text, self.index, False
-        for number, change in enumerate(changes):
-            new = self._clean(change.text)
-            if isinstance(change, types.TextDocumentContentChangeWholeDocument):
+        for number, edit in enumerate(edits):
+            new = self._clean(edit.text)
+            if edit.span is None:
                 text, index, whole = new, LineIndex(new, self.scan), True
                 continue
-            start, end = change.range.start, change.range.end
-            if (start.line, start.character) > (end.line, end.character):
-                raise DocumentSyncError(f"change {number}: reversed range {_show(change.range)}")
+            sl, sc, el, ec = edit.span
+            if (sl, sc) > (el, ec):
+                raise DocumentSyncError(f"change {number}: reversed range {_show(edit.span)}")
             try:
-                a, _ = index.locate(text, start.line, start.character, encoding, self.scan)
-                b, _ = index.locate(text, end.line, end.character, encoding, self.scan)
+                a, _ = index.locate(text, sl, sc, encoding, self.scan)
+                b, _ = index.locate(text, el, ec, encoding, self.scan)
             except PositionError as exc:
-                raise DocumentSyncError(f"change {number}: range {_show(change.range)}: {exc}") from None
+                raise DocumentSyncError(f"change {number}: range {_show(edit.span)}: {exc}") from None
             text = "".join((text[:a], new, text[b:]))  # two copies of the text where `+` makes three
             index = index.replaced(text, a, b, len(new), self.scan)
         if self.out_of_sync is not None and not whole:
@@ -121,8 +139,8 @@ class Document:
         self.text, self.index, self.version, self.out_of_sync = text, index, version, None
 
 
-def _show(r: types.Range) -> str:
-    return f"({r.start.line},{r.start.character})-({r.end.line},{r.end.character})"
+def _show(span: Span) -> str:
+    return "({},{})-({},{})".format(*span)
 
 
 class Documents:
@@ -139,7 +157,9 @@ class Documents:
         self._docs[uri] = doc
         return previous
 
-    def change(self, uri: str, version: int, changes: Sequence[Change], encoding: Encoding) -> Document:
+    def change(
+        self, uri: str, version: int, changes: Sequence[Edit | Change], encoding: Encoding
+    ) -> Document:
         doc = self._docs.get(uri)
         if doc is None:
             raise DocumentNotOpenError(uri)

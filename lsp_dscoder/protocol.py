@@ -9,7 +9,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lsprotocol import types
@@ -20,9 +20,9 @@ from pygls.uris import to_fs_path
 
 from lsp_dscoder import __version__
 from lsp_dscoder.completer import Completer, Snapshot
-from lsp_dscoder.documents import Document, Documents, change_params, check_version
+from lsp_dscoder.documents import Change, Document, Documents, Edit, check_version, keystroke_change
 from lsp_dscoder.engine_host import EngineHost
-from lsp_dscoder.errors import DocumentSyncError
+from lsp_dscoder.errors import DocumentNotOpenError, DocumentSyncError
 from lsp_dscoder.positions import Encoding
 from lsp_dscoder.prompt import ContextFile
 from lsp_dscoder.rpc import DscoderProtocol
@@ -74,9 +74,9 @@ class DocumentProtocol(DscoderProtocol):
     def _direct(self, method: Any, params: Any) -> _Direct | None:
         """The keystroke notifications in their usual shape; None for anything else (pygls' path)."""
         if method == types.TEXT_DOCUMENT_DID_CHANGE:
-            change = change_params(params)
+            change = keystroke_change(params)
             if change is not None:
-                return _Direct(lambda: self._user(types.TEXT_DOCUMENT_DID_CHANGE, change))
+                return _Direct(lambda: self._server.apply_change(*change))
         elif method == types.CANCEL_REQUEST and isinstance(params, dict):
             msg_id = params.get("id")
             if isinstance(msg_id, str) or (isinstance(msg_id, int) and not isinstance(msg_id, bool)):
@@ -222,6 +222,19 @@ class DscoderServer(LanguageServer):
             caps = self.client_capabilities.text_document
             return caps is None or caps.inline_completion is None
         return mode is CompletionFallback.ALWAYS
+
+    def apply_change(self, uri: str, version: int, changes: Sequence[Edit | Change]) -> None:
+        """A didChange: the edits applied to the server's copy, and the document's requests and running
+        suggestion told (a change that cannot be applied is refused whole: `sync_refused`)."""
+        try:
+            doc = self.documents.change(uri, version, changes, self.encoding)
+        except DocumentNotOpenError as exc:
+            log.warning("didChange ignored: %s", exc)
+            return
+        except DocumentSyncError as exc:
+            self.sync_refused(uri, types.TEXT_DOCUMENT_DID_CHANGE, str(exc))
+            return
+        self.completer.changed(uri, doc.text, doc.version)
 
     def sync_refused(self, uri: str, method: str, reason: str) -> None:
         """A didOpen/didChange that could not be applied: say so, and answer nothing from the old text."""

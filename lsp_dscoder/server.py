@@ -16,7 +16,7 @@ from pygls.exceptions import JsonRpcInvalidParams
 
 from lsp_dscoder import settings as settings_mod
 from lsp_dscoder.completer import Snapshot
-from lsp_dscoder.errors import DocumentNotOpenError, DocumentOutOfSyncError, DocumentSyncError, ProtocolMisuse
+from lsp_dscoder.errors import DocumentOutOfSyncError, ProtocolMisuse
 from lsp_dscoder.positions import units
 from lsp_dscoder.protocol import PARTIAL_COMPLETION, STATS, DscoderServer
 from lsp_dscoder.settings import Settings
@@ -109,16 +109,8 @@ def create_server(base: Settings) -> DscoderServer:
 
     @ls.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: DscoderServer, params: types.DidChangeTextDocumentParams) -> None:
-        ident = params.text_document
-        try:
-            doc = ls.documents.change(ident.uri, ident.version, params.content_changes, ls.encoding)
-        except DocumentNotOpenError as exc:
-            log.warning("didChange ignored: %s", exc)
-            return
-        except DocumentSyncError as exc:
-            ls.sync_refused(ident.uri, types.TEXT_DOCUMENT_DID_CHANGE, str(exc))
-            return
-        ls.completer.changed(ident.uri, doc.text, doc.version)
+        # The usual keystroke skips this handler: protocol.py reads its edits from the JSON.
+        ls.apply_change(params.text_document.uri, params.text_document.version, params.content_changes)
 
     @ls.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: DscoderServer, params: types.DidCloseTextDocumentParams) -> None:

@@ -1,5 +1,5 @@
 """The messages of a keystroke take the short path, and its answer is one exact write: `didChange` and
-`$/cancelRequest` are read straight from the JSON (the same params cattrs would build, or cattrs for any
+`$/cancelRequest` are read straight from the JSON (the same edits cattrs' params give, or cattrs for any
 other shape), and a partial completion is one framed message in one write."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from lsprotocol import types
 
-from lsp_dscoder.documents import change_params
+from lsp_dscoder.documents import Edit, keystroke_change
 from lsp_dscoder.framing import Framer
 from lsp_dscoder.protocol import PARTIAL_COMPLETION, DscoderServer
 from lsp_dscoder.server import create_server
@@ -77,9 +77,11 @@ def send(dispatch: Dispatcher, message: dict[str, Any]) -> None:
         did_change(5),
     ],
 )
-def test_change_params_are_what_cattrs_builds(raw: dict[str, Any]) -> None:
+def test_keystroke_changes_are_what_cattrs_builds(raw: dict[str, Any]) -> None:
     ls = create_server(parse({})[0])
-    assert change_params(raw) == ls.protocol._converter.structure(raw, types.DidChangeTextDocumentParams)
+    params = ls.protocol._converter.structure(raw, types.DidChangeTextDocumentParams)
+    edits = [Edit.of(change) for change in params.content_changes]
+    assert keystroke_change(raw) == (params.text_document.uri, params.text_document.version, edits)
 
 
 @pytest.mark.parametrize(
@@ -94,10 +96,13 @@ def test_change_params_are_what_cattrs_builds(raw: dict[str, Any]) -> None:
         did_change(2, {"range": None, "text": "x"}),
         did_change(2, {"range": span(0, 0, 0, 0), "text": 5}),
         did_change(2, {"range": span(0, 0, 0, 0), "text": "x", "rangeLength": "1"}),
+        did_change(2, {"range": span(0, 0, 0, 0), "text": "x", "rangeLength": -1}),
+        did_change(2, {"range": span(0, 0, 2**31, 0), "text": "x"}),  # past LSP's uinteger
+        did_change(2, {"range": span(0, True, 0, 0), "text": "x"}),
     ],
 )
 def test_other_shapes_are_left_to_cattrs(raw: Any) -> None:
-    assert change_params(raw) is None
+    assert keystroke_change(raw) is None
 
 
 def test_a_keystroke_writes_nothing_and_keeps_no_future() -> None:
@@ -119,7 +124,7 @@ def test_a_keystroke_writes_nothing_and_keeps_no_future() -> None:
 def test_a_change_the_short_path_cannot_read_is_still_applied() -> None:
     ls, dispatch, _ = serve()
     change = {"range": span(1, 4, 1, 4), "rangeLength": 0.0, "text": "y"}  # cattrs accepts a float length
-    assert change_params(did_change(2, change)) is None
+    assert keystroke_change(did_change(2, change)) is None
     send(dispatch, {"method": "textDocument/didChange", "params": did_change(2, change)})
     assert ls.documents.get(URI).text == "def f(x):\n    yreturn x\n"
 
