@@ -14,6 +14,7 @@ from lsp_dscoder.kernels.awq_dequant import awq_dequant_ref, fragment_dequant
 from lsp_dscoder.kernels.awq_format import pack_int4, unpack_int4
 from lsp_dscoder.kernels.awq_fragments import fragment_pack, fragment_unpack, load_words
 from lsp_dscoder.kernels.awq_gemm import awq_gemm_ref
+from lsp_dscoder.kernels.awq_mma import MmaTiles, awq_mma
 
 SHAPES = [(48, 192, 64), (16, 64, 32), (32, 256, 128), (80, 128, 32)]  # (N, K, group): N off 32, K off 128
 
@@ -121,3 +122,17 @@ def test_word_of_a_hand_worked_tile() -> None:
 def test_shapes_off_the_layout_are_refused() -> None:
     with pytest.raises(ValueError, match="K % 64 == 0"):
         fragment_pack(torch.zeros(96, 2, dtype=torch.int32), 128)
+
+
+def test_kernel_contract_checked_on_the_host() -> None:
+    qweight, qzeros, scales = random_layer(48, 128, 64)
+    words = fragment_pack(qweight, 64)
+    x = torch.randn(2, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="1..16 rows"):
+        awq_mma(torch.randn(17, 128, dtype=torch.bfloat16), words, qzeros, scales)
+    with pytest.raises(ValueError, match="bf16 x"):
+        awq_mma(x.float(), words, qzeros, scales, tiles=MmaTiles())
+    with pytest.raises(ValueError, match="num_warps 2 must divide the 3 column tiles"):
+        awq_mma(x, words, qzeros, scales, tiles=MmaTiles(1, 2))
+    with pytest.raises(ValueError, match="qzeros"):
+        awq_mma(x, words, qzeros[:1], scales)
