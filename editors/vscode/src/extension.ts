@@ -2,12 +2,19 @@
  * Entry point: starts `lsp-dscoder` over stdio with vscode-languageclient, wires the streamed partial
  * completions into inline suggestions, keeps the status bar item current, sends setting changes to the
  * server, and restarts it when its command line changes.
+ *
+ * Starts, stops and restarts run one at a time, and only the current client may touch the status: a
+ * client being replaced still sends state changes and progress (vscode-languageclient cannot stop one
+ * that is starting, so its process is ended instead), and those must not overwrite the new one's.
  */
 
 import type { ChildProcess } from 'node:child_process';
 import * as vscode from 'vscode';
 import {
+  CloseAction,
+  CloseHandlerResult,
   DidChangeConfigurationNotification,
+  ErrorAction,
   LanguageClient,
   State,
   WorkDoneProgressBegin,
@@ -16,7 +23,7 @@ import {
 } from 'vscode-languageclient/node';
 
 import { InlineStreaming } from './inline';
-import { launchServer } from './launch';
+import { launchServer, RestartPolicy, SpawnError } from './launch';
 import {
   initializationOptions,
   isEnabled,
@@ -53,6 +60,8 @@ class Session implements vscode.Disposable {
   /** Why the last server process ended (shown as `stopped: <reason>`); unset while one runs. */
   private exitReason: string | undefined;
   private serverProcess: ChildProcess | undefined;
+  /** The last start, stop or restart; the next one waits for it. */
+  private lifecycle: Promise<void> = Promise.resolve();
   private readonly subscriptions: vscode.Disposable[] = [];
 
   constructor() {
@@ -72,28 +81,58 @@ class Session implements vscode.Disposable {
     );
   }
 
-  async start(): Promise<void> {
+  /** Runs `op` after the start, stop or restart queued before it. */
+  private queue(op: () => Promise<void> | void): Promise<void> {
+    this.lifecycle = this.lifecycle.then(op).catch((err) => this.output.error(`server: ${String(err)}`));
+    return this.lifecycle;
+  }
+
+  /** Starts the server once the lifecycle step before has finished; does not wait for the server. */
+  start(): Promise<void> {
+    return this.queue(() => this.startClient());
+  }
+
+  /** Creates the client and starts it; the status follows it from here. */
+  private startClient(): void {
     const launch = serverLaunch(this.settings);
     const inline = new InlineStreaming((languageId) => isEnabled(this.settings, languageId), {
       busy: (generating) => this.setStatus(withBusy(this.status, generating)),
       ttft: (ms) => this.setStatus({ lastTtftMs: ms }),
     });
+    const restarts = new RestartPolicy();
+    let running = false;
     this.exitReason = undefined;
     const serverOptions = async () => {
       this.exitReason = undefined;
+      this.output.info(`starting ${[launch.command, ...launch.args].join(' ')}`);
       const launched = await launchServer(launch.command, launch.args, (reason) => {
         if (this.client !== client) return; // stopped on purpose (restart, deactivation)
         this.exitReason = reason;
         this.output.warn(`server ${reason}`);
         if (this.status.phase === 'stopped') this.setStatus({ error: reason });
       });
+      if (this.client !== client) {
+        // Replaced while its process was being created: nothing else would end this process.
+        launched.process.kill();
+        throw new Error('replaced before it started');
+      }
       this.serverProcess = launched.process;
       return launched;
     };
-    const client = new LanguageClient(SECTION, 'lsp-dscoder', serverOptions, {
+    const client: LanguageClient = new LanguageClient(SECTION, 'lsp-dscoder', serverOptions, {
       documentSelector: [{ scheme: 'file' }, { scheme: 'untitled' }],
       initializationOptions: initializationOptions(this.settings),
       outputChannel: this.output,
+      errorHandler: {
+        error: (_error, _message, count) => ({
+          action: count !== undefined && count <= 3 ? ErrorAction.Continue : ErrorAction.Shutdown,
+        }),
+        // A start failure shows its reason in the status item; no second message for it.
+        closed: (): CloseHandlerResult =>
+          restarts.afterExit(Date.now(), this.client === client, running) === 'restart'
+            ? { action: CloseAction.Restart }
+            : { action: CloseAction.DoNotRestart, handled: this.client !== client || !running },
+      },
       middleware: {
         ...inline.middleware,
         // The server asks for its section when a configuration change came without it.
@@ -107,13 +146,15 @@ class Session implements vscode.Disposable {
           },
         },
         handleWorkDoneProgress: (token, params, next) => {
-          this.progress(params);
+          if (this.client === client) this.progress(params);
           next(token, params);
         },
       },
     });
     // Also follows the client's own restarts after a server crash.
     client.onDidChangeState(({ newState }) => {
+      if (newState === State.Running) running = true;
+      if (this.client !== client) return;
       if (newState === State.Starting)
         this.setStatus({ phase: 'starting', progress: undefined, error: undefined });
       if (newState === State.Running && this.status.phase === 'starting') {
@@ -121,46 +162,56 @@ class Session implements vscode.Disposable {
         this.setStatus({ phase: 'loading' });
         void this.checkEngine();
       }
-      if (newState === State.Stopped) {
+      // StartFailed: the process could not be spawned, or it ended before answering `initialize`.
+      if (newState === State.Stopped || newState === State.StartFailed) {
         this.setStatus({ phase: 'stopped', progress: undefined, error: this.exitReason });
       }
     });
     this.client = client;
     this.inline = inline;
     client.onNotification(PARTIAL_COMPLETION_METHOD, (params: unknown) => inline.onPartial(params));
-    try {
-      await client.start();
-    } catch (err) {
-      // vscode-languageclient has shown the error; the tooltip says what to change.
-      const reason = err instanceof Error ? err.message : String(err);
-      this.exitReason = `${reason} (set ${SECTION}.server.command)`;
-      this.setStatus({ phase: 'stopped', progress: undefined, error: this.exitReason });
-    }
+    client.start().catch((err: unknown) => {
+      if (this.client !== client) return;
+      // vscode-languageclient has shown the error. A command that cannot run: the setting is what to
+      // change. A server that ended during `initialize`: its exit status says more than the connection.
+      const message = err instanceof Error ? err.message : String(err);
+      const reason =
+        err instanceof SpawnError
+          ? `${message} (set ${SECTION}.server.command)`
+          : (this.exitReason ?? message);
+      this.exitReason = reason;
+      this.setStatus({ phase: 'stopped', progress: undefined, error: reason });
+    });
   }
 
-  async stop(): Promise<void> {
+  private async stop(): Promise<void> {
     const { client, inline } = this;
     this.client = undefined;
     this.inline = undefined;
     inline?.dispose();
     const server = this.serverProcess;
     this.serverProcess = undefined;
-    if (client !== undefined && client.state !== State.Stopped) {
+    const alive = () => server !== undefined && server.exitCode === null && server.signalCode === null;
+    if (client?.state === State.Running) {
       await client.stop().catch((err) => this.output.warn(`stopping the server: ${String(err)}`));
+    } else if (alive()) {
+      // vscode-languageclient refuses to stop a client that is still starting; ending its process ends
+      // the start, and the client, no longer current, is not restarted.
+      server?.kill();
     }
     // The server exits after `exit`; one that does not is ended after a grace period.
-    if (server !== undefined && server.exitCode === null && server.signalCode === null) {
-      setTimeout(() => server.exitCode === null && server.signalCode === null && server.kill(), 2000);
-    }
+    if (alive()) setTimeout(() => alive() && server?.kill(), 2000);
   }
 
-  async restart(): Promise<void> {
-    await this.stop();
-    await this.start();
+  restart(): Promise<void> {
+    return this.queue(async () => {
+      await this.stop();
+      this.startClient();
+    });
   }
 
   async dispose(): Promise<void> {
-    await this.stop();
+    await this.queue(() => this.stop());
     for (const d of this.subscriptions) d.dispose();
   }
 
@@ -198,15 +249,19 @@ class Session implements vscode.Disposable {
     }
   }
 
-  private async configurationChanged(): Promise<void> {
-    const before = this.settings;
-    this.settings = this.readSettings();
-    if (needsRestart(before, this.settings)) {
-      await this.restart();
-    } else if (serverConfigurationChanged(before, this.settings) && this.client?.isRunning()) {
-      const settings = initializationOptions(this.settings);
-      await this.client.sendNotification(DidChangeConfigurationNotification.type, { settings });
-    }
+  /** Read in turn with starts and stops, so that the last change decides the command line. */
+  private configurationChanged(): Promise<void> {
+    return this.queue(async () => {
+      const before = this.settings;
+      this.settings = this.readSettings();
+      if (needsRestart(before, this.settings)) {
+        await this.stop();
+        this.startClient();
+      } else if (serverConfigurationChanged(before, this.settings) && this.client?.isRunning()) {
+        const settings = initializationOptions(this.settings);
+        await this.client.sendNotification(DidChangeConfigurationNotification.type, { settings });
+      }
+    });
   }
 
   private readSettings(): Settings {
@@ -233,7 +288,7 @@ let session: Session | undefined;
 export async function activate(context: vscode.ExtensionContext): Promise<void> {
   session = new Session();
   context.subscriptions.push({ dispose: () => void session?.dispose() });
-  // Not awaited: activation does not wait for the server process (the model loads after `initialized`).
+  // Activation does not wait for the server process (the model loads after `initialized`).
   void session.start();
 }
 

@@ -1,7 +1,8 @@
 /**
  * Starts the server process for vscode-languageclient and keeps why it ended: the spawn error, or the exit
  * status with the last line the server wrote on stderr (its one-line `lsp-dscoder: error: ...`). The
- * status item shows that reason as `stopped: <reason>`. No VS Code imports: unit-tested in node.
+ * status item shows that reason as `stopped: <reason>`. Also decides whether a server that ended is
+ * started again. No VS Code imports: unit-tested in node.
  */
 
 import { ChildProcess, spawn } from 'node:child_process';
@@ -26,6 +27,9 @@ export function exitReason(
   return stderrLine === undefined ? status : `${status}: ${stderrLine}`;
 }
 
+/** The command could not be run at all (not found, not executable): the setting is what to change. */
+export class SpawnError extends Error {}
+
 export interface Launched {
   readonly process: ChildProcess;
   readonly detached: false;
@@ -48,7 +52,7 @@ export function launchServer(
     });
     let spawned = false;
     child.once('error', (err) => {
-      if (!spawned) reject(new Error(`could not start "${command}": ${err.message}`));
+      if (!spawned) reject(new SpawnError(`could not start "${command}": ${err.message}`));
     });
     child.once('spawn', () => {
       spawned = true;
@@ -59,4 +63,30 @@ export function launchServer(
       if (spawned) onExit(exitReason(code, signal, lastLine(tail)), code);
     });
   });
+}
+
+/** What happens after a server process ended without being asked to. */
+export type AfterExit = 'restart' | 'stay-stopped';
+
+/** Restarts allowed within RESTART_WINDOW_MS (vscode-languageclient's own default policy). */
+const MAX_RESTARTS = 4;
+const RESTART_WINDOW_MS = 3 * 60 * 1000;
+
+/**
+ * One per client. A server that crashes while it runs is started again, at most MAX_RESTARTS times in
+ * RESTART_WINDOW_MS. A server that ended before it answered `initialize` (bad arguments, a broken
+ * install) stays stopped: a new start would fail the same way, and its reason is already shown. A client
+ * that is no longer the extension's (stopped for a restart or a settings change) is never restarted: its
+ * restart would run the old command line next to the new one.
+ */
+export class RestartPolicy {
+  private readonly restarts: number[] = [];
+
+  afterExit(nowMs: number, current: boolean, wasRunning: boolean): AfterExit {
+    if (!current || !wasRunning) return 'stay-stopped';
+    while (this.restarts.length > 0 && nowMs - this.restarts[0] > RESTART_WINDOW_MS) this.restarts.shift();
+    if (this.restarts.length >= MAX_RESTARTS) return 'stay-stopped';
+    this.restarts.push(nowMs);
+    return 'restart';
+  }
 }
