@@ -97,9 +97,12 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
         blocks = triton.cdiv(n // 8, 32 * warps * wpt)
         split = split_for(blocks, sub * k // group, per_sm, 4096)
         yield RowTiles(bk, wpt, warps, sub, split, prefetch, flat)
-    mma = ((1, 16, 1), (1, 16, 2), (1, 8, 2), (1, 32, 1), (1, 8, 1), (4, 4, 2), (1, 16, 0))
-    for warps, per_sm, depth in mma if m <= 8 else mma[:2]:
-        yield MmaTiles(split_for(triton.cdiv(n // 16, warps), k // group, per_sm, 512), warps, depth)
+    # (warps, programs per SM, depth, column tiles a warp)
+    mma = ((1, 16, 1, 1), (1, 16, 2, 1), (1, 8, 2, 1), (1, 32, 1, 1), (4, 4, 2, 1), (1, 16, 0, 1),
+           (1, 8, 1, 2), (1, 16, 1, 2), (1, 8, 2, 2))  # fmt: skip
+    for warps, per_sm, depth, tiles in mma if m <= 8 else mma[:2] + mma[6:7]:
+        blocks = triton.cdiv(n // 16, warps * tiles)
+        yield MmaTiles(split_for(blocks, k // group, per_sm, 512), warps, depth, tiles)
     for bk, stages, pairs, per_sm in ((64, 3, True, 4), (32, 4, True, 2)) if m > 1 else ():
         split = split_for(triton.cdiv(n, 256), k // group, per_sm)
         yield AwqTiles(16, 256, min(bk, group), split, 4, stages, pairs)
@@ -109,7 +112,7 @@ def name_of(t: Tiles) -> str:
     if t is None:
         return "default"
     if isinstance(t, MmaTiles):
-        return f"mma s{t.split_k}/w{t.num_warps}/depth{t.depth}"
+        return f"mma s{t.split_k}/w{t.num_warps}/depth{t.depth}/tiles{t.tiles}"
     if isinstance(t, RowTiles):
         how = ("/prefetch" if t.prefetch else "") + ("/flat" if t.flat else "")
         return f"rows k{t.block_k}/wpt{t.words}/w{t.num_warps}/sub{t.sub}/s{t.split_k}{how}"
