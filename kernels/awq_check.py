@@ -90,17 +90,17 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
         yield GemvTiles(8, split_for(blocks, 8 * k // group, 32, 512), 1, 8, 1, True, True)
     # (block_k, words, warps, sub, programs per SM, prefetch, flat)
     ones = ((16, 1, 1, 4, 24, True, False), (8, 1, 1, 4, 24, True, True), (4, 1, 1, 4, 24, True, True),
-            (8, 1, 1, 4, 24, True, False), (8, 1, 1, 8, 32, True, True), (8, 1, 1, 4, 48, True, True),
-            (8, 1, 2, 4, 12, True, True), (8, 1, 1, 2, 16, True, True))  # fmt: skip
-    fours = ((4, 1, 1, 4, 24, True, False), (2, 1, 1, 4, 24, True, True), (2, 1, 1, 8, 32, True, True))
+            (8, 1, 1, 4, 24, True, False), (8, 1, 1, 4, 48, True, True),
+            (8, 1, 2, 4, 12, True, True))  # fmt: skip
+    fours = ((4, 1, 1, 4, 24, True, False), (2, 1, 1, 4, 24, True, True))
     for bk, wpt, warps, sub, per_sm, prefetch, flat in ones if m == 1 else fours if m <= 8 else ():
         blocks = triton.cdiv(n // 8, 32 * warps * wpt)
         split = split_for(blocks, sub * k // group, per_sm, 4096)
         yield RowTiles(bk, wpt, warps, sub, split, prefetch, flat)
     # (warps, programs per SM, depth, column tiles a warp)
-    mma = ((1, 16, 1, 1), (1, 16, 2, 1), (1, 8, 2, 1), (1, 32, 1, 1), (4, 4, 2, 1), (1, 16, 0, 1),
-           (1, 8, 1, 2), (1, 16, 1, 2), (1, 8, 2, 2))  # fmt: skip
-    for warps, per_sm, depth, tiles in mma if m <= 8 else mma[:2] + mma[6:7]:
+    mma = ((1, 16, 1, 1), (1, 16, 2, 1), (1, 8, 2, 1), (4, 4, 2, 1), (1, 16, 0, 1), (1, 8, 1, 2),
+           (1, 8, 2, 2))  # fmt: skip
+    for warps, per_sm, depth, tiles in mma if m <= 8 else mma[:2] + mma[5:6]:
         blocks = triton.cdiv(n // 16, warps * tiles)
         yield MmaTiles(split_for(blocks, k // group, per_sm, 512), warps, depth, tiles)
     for bk, stages, pairs, per_sm in ((64, 3, True, 4), (32, 4, True, 2)) if m > 1 else ():
