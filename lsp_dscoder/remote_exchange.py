@@ -17,13 +17,13 @@ from lsp_dscoder.remote_health import Health
 from lsp_dscoder.remote_http import (
     Body,
     Endpoint,
+    Events,
     HttpStatusError,
     RemoteError,
     ResponseHead,
     check_status,
     describe,
     read_head,
-    sse_events,
 )
 from lsp_dscoder.remote_pool import Connection, ConnectionPool
 from lsp_dscoder.remote_stream import StreamDecoder, parse_chunk
@@ -88,7 +88,8 @@ class Exchanges:
             clock.mark("response")
             body = Body(conn.reader, head)
             await check_status(head, body)
-            async for event in sse_events(body):
+            events = Events(body)
+            while (event := await events.next()) is not None:
                 if ttft is None:
                     clock.mark("firstChunk")  # the chunk that carries the first text is the last marked
                 before = decoder.count

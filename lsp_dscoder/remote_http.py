@@ -13,7 +13,6 @@ import asyncio
 import errno
 import json
 import socket
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -184,36 +183,51 @@ async def check_status(head: ResponseHead, body: Body) -> None:
         raise HttpStatusError(head.status, text.strip())
 
 
-async def sse_events(body: Body) -> AsyncIterator[str]:
-    """The `data` of each server-sent event, until `[DONE]` (the body is then read to its end, so that
-    the connection can carry another request). Comments (keep-alive pings) are skipped; a stream that
-    ends without `[DONE]` was dropped and raises RemoteError."""
-    data: list[str] = []
-    pending = b""
-    while True:
-        piece = await body.read()
-        if not piece:
-            raise RemoteError(DROPPED)
-        *lines, pending = (pending + piece).split(b"\n")
-        for raw in lines:
-            line = raw.decode("utf-8", "replace").rstrip("\r")
-            if line:
-                if line.startswith(":"):
+class Events:
+    """The `data` of each server-sent event of a body, in turn, until `[DONE]` (the body is then read to
+    its end, so that the connection can carry another request). Comments (keep-alive pings) are
+    skipped; a stream that ends without `[DONE]` was dropped and raises RemoteError. (A class, not an
+    async generator: a stream cut mid-way leaves nothing suspended for the garbage collector to close.)"""
+
+    def __init__(self, body: Body) -> None:
+        self._body = body
+        self._lines: list[bytes] = []
+        self._pending = b""
+        self._data: list[str] = []
+
+    async def next(self) -> str | None:
+        """The next event's data; None after `[DONE]`."""
+        while True:
+            while self._lines:
+                event = self._line(self._lines.pop())
+                if event is None:
                     continue
+                if event.strip() == "[DONE]":
+                    while await self._body.read():
+                        pass
+                    return None
+                return event
+            piece = await self._body.read()
+            if not piece:
+                raise RemoteError(DROPPED)
+            *lines, self._pending = (self._pending + piece).split(b"\n")
+            self._lines = lines[::-1]
+
+    def _line(self, raw: bytes) -> str | None:
+        """The event that a blank line ends, or None."""
+        line = raw.decode("utf-8", "replace").rstrip("\r")
+        if line:
+            if not line.startswith(":"):
                 field, _, value = line.partition(":")
                 if field == "data":
-                    data.append(value[1:] if value.startswith(" ") else value)
+                    self._data.append(value[1:] if value.startswith(" ") else value)
                 elif field == "error":  # some servers name an error event so
-                    data.append(json.dumps({"error": value.strip()}))
-                continue
-            if not data:
-                continue
-            event, data = "\n".join(data), []
-            if event.strip() == "[DONE]":
-                while await body.read():
-                    pass
-                return
-            yield event
+                    self._data.append(json.dumps({"error": value.strip()}))
+            return None
+        if not self._data:
+            return None
+        event, self._data = "\n".join(self._data), []
+        return event
 
 
 def model_ids(listing: bytes) -> list[str]:

@@ -13,10 +13,15 @@ import asyncio
 import contextlib
 import socket
 import ssl
+from collections.abc import Callable
 
 from lsp_dscoder.remote_http import Endpoint
 
 _IDLE_MAX = 4  # kept-alive connections per endpoint; more requests at once than this open new ones
+# a spare that the server closed after this long idle is opened again (servers drop idle connections
+# after a few seconds: llama.cpp and uvicorn after 5 s); one closed sooner is not (a server that closes
+# every connection at once would be asked in a loop)
+_SPARE_RENEW_S = 1.0
 
 
 def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
@@ -27,13 +32,41 @@ def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
+class _Protocol(asyncio.StreamReaderProtocol):
+    """asyncio's stream protocol, telling the pool when the server closes the connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(reader, loop=loop)
+        self.lost: Callable[[], None] | None = None
+
+    def eof_received(self) -> bool:
+        keep = bool(super().eof_received())
+        if self.lost is not None:
+            self.lost()
+        return keep
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.lost is not None:
+            self.lost()
+
+
 class Connection:
     """One open connection (TCP, or TLS): its asyncio stream, and the loop that reads it."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        protocol: _Protocol,
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
-        self.reader, self.writer, self.loop = reader, writer, loop
+        self.reader, self.writer, self._protocol, self.loop = reader, writer, protocol, loop
+        self.opened_at = loop.time()
+
+    def on_close(self, lost: Callable[[], None] | None) -> None:
+        """`lost` is called (on the loop) when the server closes the connection."""
+        self._protocol.lost = lost
 
     @property
     def stale(self) -> bool:
@@ -84,6 +117,7 @@ class ConnectionPool:
             else:
                 conn, self._spare = self._spare, None
             assert conn is not None
+            conn.on_close(None)
             if not conn.stale:
                 return conn
             conn.close()
@@ -104,23 +138,34 @@ class ConnectionPool:
 
     async def _open(self) -> Connection:
         e = self.endpoint
-        connect = asyncio.open_connection(e.host, e.port, ssl=self._ssl)
-        reader, writer = await asyncio.wait_for(connect, self.connect_timeout)
-        sock = writer.get_extra_info("socket")
+        reader = asyncio.StreamReader(loop=self.loop)
+        protocol = _Protocol(reader, self.loop)
+        connect = self.loop.create_connection(lambda: protocol, e.host, e.port, ssl=self._ssl)
+        transport, _ = await asyncio.wait_for(connect, self.connect_timeout)
+        sock = transport.get_extra_info("socket")
         if sock is not None:  # asyncio's loop sets it, uvloop's too; a request must never wait for an ACK
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.opened += 1
-        return Connection(reader, writer, self.loop)
+        writer = asyncio.StreamWriter(transport, protocol, reader, self.loop)
+        return Connection(reader, writer, protocol, self.loop)
 
     async def _warm(self) -> None:
         try:
             with contextlib.suppress(OSError, asyncio.TimeoutError):  # down: the next request says so
                 fresh = await self._open()
                 old, self._spare = self._spare, fresh
+                fresh.on_close(lambda: self._spare_closed(fresh))
                 if old is not None:
                     old.close()
         finally:
             self._warming = None
+
+    def _spare_closed(self, conn: Connection) -> None:
+        if conn is self._spare:
+            self._spare = None
+            conn.close()
+            if self.loop.time() - conn.opened_at >= _SPARE_RENEW_S:
+                self.replenish()
 
     def release(self, conn: Connection) -> None:
         """Back to the pool, after a response read to its end on a connection the server keeps open."""

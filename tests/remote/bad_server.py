@@ -24,6 +24,7 @@ class Record:
     paths: list[str] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     closed_by_client: int = 0  # streams the client cut before they ended
+    closed_idle: int = 0  # connections closed by the server after `idle_close_s` without a request
 
 
 class BadServer:
@@ -33,6 +34,7 @@ class BadServer:
         self.mode = "ok"
         self.pieces = pieces or [(100, "a"), (101, "b"), (102, "c")]  # (token id, text) per chunk
         self.pieces_have_ids = True  # as llama.cpp's logprobs; False: text only, as SGLang's chunks
+        self.idle_close_s: float | None = None  # close a connection idle this long, as servers do
         self.record = Record()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -74,7 +76,11 @@ class BadServer:
             writer.close()
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        head = await reader.readuntil(b"\r\n\r\n")
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.idle_close_s)
+        except asyncio.TimeoutError:
+            self.record.closed_idle += 1
+            return False
         lines = head.decode().split("\r\n")
         method, path, _ = lines[0].split(" ", 2)
         headers = {k.strip().lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:] if ln)}

@@ -196,6 +196,15 @@ def test_cancel_cuts_the_stream_and_warms_a_new_connection(server: BadServer) ->
         assert backend.stats()["reachable"] is True and notes.messages == []
 
 
+def test_a_spare_connection_the_server_closed_while_idle_is_opened_again(server: BadServer) -> None:
+    server.idle_close_s = 1.2  # llama.cpp and uvicorn close idle connections after 5 s
+    with _backend(server.url, Notes()) as backend:
+        _wait(lambda: backend.model is not None)  # the probe's connection, kept idle, and a spare
+        _wait(lambda: server.record.closed_idle == 2 and backend.stats()["connectionsOpened"] == 3)
+        result = backend.complete(_request())  # on the spare opened again: no handshake on the way
+        assert result.token_ids == (100, 101, 102) and backend.stats()["connectsOnRequestPath"] == 1
+
+
 def test_text_prompt_spells_the_fim_markers_and_leaves_bos_to_the_endpoint(server: BadServer) -> None:
     with _backend(server.url, Notes(), token_ids=False) as backend:
         tok = backend.tokenizer

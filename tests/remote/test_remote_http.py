@@ -15,7 +15,7 @@ from lsp_dscoder.bundled import default_model_path
 from lsp_dscoder.engine.api import CompletionRequest, SamplingParams
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.remote_config import RemoteConfig
-from lsp_dscoder.remote_http import Body, Endpoint, RemoteError, read_head, sse_events
+from lsp_dscoder.remote_http import Body, Endpoint, Events, RemoteError, read_head
 from lsp_dscoder.remote_wire import RequestWriter
 
 
@@ -105,7 +105,9 @@ async def _read(data: bytes, step: int) -> tuple[int, dict[str, str], list[str],
     reader.feed_eof()
     head = await read_head(reader)
     body = Body(reader, head)
-    events = [event async for event in sse_events(body)]
+    stream, events = Events(body), []
+    while (event := await stream.next()) is not None:
+        events.append(event)
     return head.status, head.headers, events, body.done
 
 
