@@ -19,6 +19,18 @@ const CODE_SERVER = path.join(DEPS, 'node_modules', 'code-server', 'out', 'node'
 export const VSIX = path.join(here, '..', 'lsp-dscoder.vsix');
 const CHROMIUM = process.env.LSP_DSCODER_CHROMIUM ?? '/usr/bin/chromium';
 
+/** Process ids whose command line contains `marker` (Linux /proc). */
+export function processesWith(marker) {
+  return fs.readdirSync('/proc').filter((pid) => {
+    if (!/^\d+$/.test(pid)) return false;
+    try {
+      return fs.readFileSync(`/proc/${pid}/cmdline`, 'utf8').includes(marker);
+    } catch {
+      return false; // ended meanwhile
+    }
+  });
+}
+
 /** Polls `probe` every `intervalMs` until it returns a value other than undefined/false; throws after
  * `timeoutMs` with `what` and the last value seen. */
 export async function waitFor(what, probe, { timeoutMs = 30_000, intervalMs = 50 } = {}) {
@@ -75,9 +87,32 @@ export class Profile {
     fs.writeFileSync(this.config, 'auth: none\ncert: false\n');
   }
 
+  /** The same settings as user settings and as the remote machine's settings. code-server's window is a
+   * remote window: VS Code reads machine-scoped settings (`lspDscoder.server.command`, `.args`) from
+   * the machine's file (`Machine/settings.json`) and drops them from the user's file once it knows their
+   * scope, which depends on start-up order. With them in the user's file only, a window now and then
+   * started the default command. The machine's file is also watched, so a change reaches a running window. */
   writeSettings(settings) {
-    const file = path.join(this.userData, 'User', 'settings.json');
-    fs.writeFileSync(file, JSON.stringify(settings, null, 2));
+    for (const dir of ['User', 'Machine']) {
+      fs.mkdirSync(path.join(this.userData, dir), { recursive: true });
+      fs.writeFileSync(path.join(this.userData, dir, 'settings.json'), JSON.stringify(settings, null, 2));
+    }
+  }
+
+  /** The last `count` lines of the extension's log (its output channel) in the newest window. */
+  extensionLog(count = 20) {
+    const logs = path.join(this.userData, 'logs');
+    const hosts = (fs.existsSync(logs) ? fs.readdirSync(logs) : []).flatMap((session) =>
+      fs
+        .readdirSync(path.join(logs, session))
+        .filter((d) => /^exthost\d+$/.test(d))
+        .map((d) => ({ dir: path.join(logs, session, d), n: Number(d.slice(7)), session })),
+    );
+    hosts.sort((a, b) => a.session.localeCompare(b.session) || a.n - b.n);
+    const file =
+      hosts.length === 0 ? '' : path.join(hosts.at(-1).dir, 'lsp-dscoder.lsp-dscoder', 'lsp-dscoder.log');
+    if (!fs.existsSync(file)) return '(no extension log)';
+    return fs.readFileSync(file, 'utf8').trimEnd().split('\n').slice(-count).join('\n');
   }
 
   remove() {

@@ -1,0 +1,337 @@
+/**
+ * The end-to-end cases (run by run.mjs), each in a real VS Code window against the real server:
+ *
+ * 1. typing a Python method header shows ghost text that appears and grows as the server streams it, never
+ *    shows anything but a prefix of the final suggestion and never blinks out while it grows; Tab accepts
+ *    exactly what is shown; the saved file on disk is exactly the typed text plus the suggestion; no
+ *    completion item (suggest widget) is offered next to the inline suggestion;
+ * 2. a model that does not load shows `failed` with its reason in the status item;
+ * 3. a server command that cannot start shows `stopped` with its reason; one that exits before it
+ *    answers `initialize` shows its exit status and error line, and is not restarted;
+ * 4. a settings change while the server is still starting replaces it: the new command's outcome stays
+ *    on the status item, and the old process is ended, not restarted.
+ *
+ * Every wait has a condition; a timeout says what the screen showed meanwhile.
+ */
+
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+
+import { processesWith, serverCommand, waitFor } from './harness.mjs';
+
+export const FILE = 'point.py';
+const HEADER = 'class Point:\n    def __init__(self, x, y):\n        ';
+/** Inserted in one edit (as a paste would). */
+const INSERTED = 'self.';
+const TYPED = HEADER + INSERTED;
+/** The first line the bundled model suggests there (greedy). The lines after it depend on the prompt the
+ * server built while the header was typed (edit anchor, typing through), so the test takes the whole
+ * suggestion from the screen once it has stopped growing, and checks Tab and the file against that. */
+const FIRST_LINE = 'x = x';
+/** The whole suggestion is on screen when the server has finished its request, and the ghost text has
+ * more than one line and has not changed for this long (the last text reaches the screen through one
+ * more provider call). */
+const SETTLED_MS = 3_000;
+/** The server's one log line per finished request (response sent and decoding ended) in point.py. */
+const FINISHED = /request id=\d+ uri=\S*point\.py v=\d+ source=\S+ outcome=ok /;
+
+function finishedRequests(profile) {
+  const log = path.join(profile.artifacts, 'server.log');
+  return fs.existsSync(log)
+    ? fs
+        .readFileSync(log, 'utf8')
+        .split('\n')
+        .filter((l) => FINISHED.test(l)).length
+    : 0;
+}
+
+export function baseSettings(profile) {
+  return {
+    'lspDscoder.server.command': serverCommand(),
+    'lspDscoder.server.args': ['--stdio', '--log-file', path.join(profile.artifacts, 'server.log')],
+    'lspDscoder.device': 'cpu',
+    'workbench.startupEditor': 'none',
+    'workbench.tips.enabled': false,
+    'security.workspace.trust.enabled': false,
+    'editor.wordBasedSuggestions': 'off', // the suggest widget may only come from our server
+    'extensions.ignoreRecommendations': true,
+    'files.autoSave': 'off',
+    'telemetry.telemetryLevel': 'off',
+  };
+}
+
+const statusItem = (page) => page.locator('.statusbar-item').filter({ hasText: /^\s*dscoder/ });
+
+async function statusText(page) {
+  const item = statusItem(page);
+  return (await item.count()) === 0 ? '' : ((await item.first().textContent()) ?? '').trim();
+}
+
+/** Waits until the status item's text passes `test`; a timeout names every text it showed meanwhile and
+ * the end of the extension's log (which command it started, how that ended). */
+async function waitStatus(page, profile, what, test, timeoutMs) {
+  const seen = [];
+  try {
+    return await waitFor(
+      `status item: ${what}`,
+      async () => {
+        const text = await statusText(page);
+        if (seen.at(-1) !== text) seen.push(text);
+        return test(text) ? text : undefined;
+      },
+      { timeoutMs, intervalMs: 100 },
+    );
+  } catch (err) {
+    const log = profile.extensionLog().replace(/\n/g, '\n    ');
+    throw new Error(`${err.message}; shown: ${JSON.stringify(seen)}\n  extension log:\n    ${log}`);
+  }
+}
+
+/** Records, once per animation frame, the ghost text of the focused editor ('' when none). */
+async function startGhostRecorder(page) {
+  await page.evaluate(() => {
+    const read = () => {
+      const editor = document.querySelector('.monaco-editor.focused');
+      if (!editor) return '';
+      const inline = [...editor.querySelectorAll('.ghost-text-decoration')].map((e) => e.textContent);
+      const lines = [...editor.querySelectorAll('.suggest-preview-text .view-line')].map(
+        (e) => e.textContent,
+      );
+      return [inline.join(''), ...lines].join('\n').replace(/\u00a0/g, ' ');
+    };
+    const log = [];
+    window.__ghost = { log, read, stop: false, suggestWidget: false };
+    // Read what each frame paints: VS Code renders in its own animation-frame callbacks, and resize
+    // observers run after all of those and layout, just before the paint. A probe element changes its
+    // width every frame so that the observer runs every frame.
+    const sample = () => {
+      const text = read();
+      if (log.length === 0 || log[log.length - 1].text !== text) log.push({ t: performance.now(), text });
+      if (document.querySelector('.editor-widget.suggest-widget.visible'))
+        window.__ghost.suggestWidget = true;
+    };
+    const probe = document.createElement('div');
+    probe.style.cssText = 'position:fixed;left:-10px;top:-10px;height:1px;width:1px';
+    document.body.appendChild(probe);
+    new ResizeObserver(sample).observe(probe);
+    const frame = () => {
+      probe.style.width = probe.style.width === '1px' ? '2px' : '1px';
+      if (!window.__ghost.stop) requestAnimationFrame(frame);
+    };
+    requestAnimationFrame(frame);
+  });
+}
+
+async function ghostLog(page) {
+  return page.evaluate(() => ({ log: window.__ghost.log, suggestWidget: window.__ghost.suggestWidget }));
+}
+
+function check(condition, message) {
+  if (!condition) throw new Error(message);
+}
+
+async function openFile(page, name) {
+  await page.keyboard.press('Control+P');
+  await page.locator('.quick-input-widget input').waitFor({ state: 'visible', timeout: 15_000 });
+  await page.keyboard.type(name);
+  await page
+    .locator('.quick-input-list .monaco-list-row', { hasText: name })
+    .first()
+    .waitFor({ timeout: 15_000 });
+  await page.keyboard.press('Enter');
+  await page.locator(`.tab[aria-label^="${name}"]`).waitFor({ timeout: 15_000 });
+  await page.locator('.monaco-editor.focused').waitFor({ timeout: 15_000 });
+}
+
+async function streamedSuggestionIsShownAcceptedAndSaved(page, profile) {
+  const file = path.join(profile.workspace, FILE);
+  await waitStatus(page, profile, 'model ready (idle)', (t) => /^dscoder( [\d.]+ ms)?$/.test(t), 120_000);
+  await openFile(page, FILE);
+  // Human speed; VS Code's Python rules indent after each `:` line on Enter.
+  await page.keyboard.type(HEADER.replace(/\n */g, '\n'), { delay: 40 });
+  await startGhostRecorder(page);
+  const fromMs = await page.evaluate(() => performance.now());
+  const finishedBefore = finishedRequests(profile);
+  await page.keyboard.insertText(INSERTED);
+  let last = '';
+  let since = performance.now();
+  await waitFor(
+    `a whole suggestion as ghost text (the server's request finished; more than one line, unchanged for ${SETTLED_MS} ms)`,
+    async () => {
+      const text = await page.evaluate(() => window.__ghost.read());
+      if (text !== last) [last, since] = [text, performance.now()];
+      const finished = finishedRequests(profile) > finishedBefore;
+      return finished && text.includes('\n') && performance.now() - since >= SETTLED_MS;
+    },
+    { timeoutMs: 60_000 },
+  ).catch(async (err) => {
+    const { log } = await ghostLog(page);
+    const finished = finishedRequests(profile) - finishedBefore;
+    throw new Error(
+      `${err.message}; requests finished since: ${finished}; shown: ${JSON.stringify(log.slice(-8).map((s) => s.text))}`,
+    );
+  });
+  const SUGGESTION = last;
+  check(
+    SUGGESTION.split('\n')[0] === FIRST_LINE,
+    `the suggestion's first line is not ${JSON.stringify(FIRST_LINE)}: ${JSON.stringify(SUGGESTION)}`,
+  );
+  const { log } = await ghostLog(page);
+  const shown = log.filter((s) => s.t >= fromMs).map((s) => s.text);
+  const first = shown.findIndex((t) => t !== '');
+  const streamed = shown.slice(first);
+  fs.writeFileSync(path.join(profile.artifacts, 'ghost-frames.json'), JSON.stringify(shown, null, 1));
+  for (const text of streamed) {
+    check(text !== '', `the ghost text blinked out while it grew: ${JSON.stringify(streamed)}`);
+    check(SUGGESTION.startsWith(text), `shown ${JSON.stringify(text)}, not a prefix of the suggestion`);
+  }
+  check(
+    new Set(streamed).size >= 2,
+    `the ghost text did not grow while streaming: ${JSON.stringify(streamed)}`,
+  );
+  await page.keyboard.press('Tab');
+  await waitFor('the suggestion to be inserted', async () => {
+    const lines = await page.locator('.monaco-editor.focused .view-lines').textContent();
+    return lines.replace(/\u00a0/g, ' ').includes('self.x = x');
+  });
+  await page.keyboard.press('Control+S');
+  const expected = TYPED + SUGGESTION;
+  await waitFor(
+    `${FILE} on disk to be the typed text plus the suggestion`,
+    () => fs.readFileSync(file, 'utf8') === expected,
+    { timeoutMs: 15_000 },
+  ).catch((err) => {
+    throw new Error(`${err.message}: ${JSON.stringify(fs.readFileSync(file, 'utf8'))}`);
+  });
+  const { suggestWidget } = await ghostLog(page);
+  check(!suggestWidget, 'the suggest widget showed completion items next to the inline suggestion');
+}
+
+/** A new window on the settings just written: the server starts with them. */
+async function reloadWindow(page) {
+  await page.reload({ timeout: 60_000 });
+  await page.locator('.monaco-workbench').waitFor({ timeout: 90_000 });
+}
+
+async function badModelShowsItsReason(page, profile) {
+  const model = path.join(profile.root, 'no-such-model');
+  profile.writeSettings({ ...baseSettings(profile), 'lspDscoder.model': model });
+  await reloadWindow(page);
+  await waitStatus(
+    page,
+    profile,
+    'failed with the reason, naming the model',
+    (t) => t.startsWith('dscoder: failed:') && t.includes('no-such-model'),
+    60_000,
+  );
+}
+
+async function serverThatCannotStartShowsItsReason(page, profile) {
+  const command = path.join(profile.root, 'no-such-server');
+  profile.writeSettings({ ...baseSettings(profile), 'lspDscoder.server.command': command });
+  await reloadWindow(page);
+  await waitStatus(
+    page,
+    profile,
+    'stopped with the spawn error',
+    (t) => t.startsWith('dscoder: stopped: could not start') && t.includes('no-such-server'),
+    60_000,
+  );
+}
+
+async function serverThatExitsBeforeInitializeShowsItsReason(page, profile) {
+  // As the real server does on a bad argument: one error line on stderr, then exit status 2. Each start
+  // adds a line to `starts`.
+  const starts = path.join(profile.root, `starts-${Date.now()}`);
+  const script = [
+    `require('fs').appendFileSync(${JSON.stringify(starts)}, 'started\\n');`,
+    "process.stderr.write('lsp-dscoder: error: unrecognized arguments: --bad\\n');",
+    'process.exit(2);',
+  ].join(' ');
+  profile.writeSettings({
+    ...baseSettings(profile),
+    'lspDscoder.server.command': process.execPath,
+    'lspDscoder.server.args': ['-e', script],
+  });
+  await reloadWindow(page);
+  const text = await waitStatus(
+    page,
+    profile,
+    'stopped with the exit status and the error line',
+    (t) => t === 'dscoder: stopped: exited with code 2: lsp-dscoder: error: unrecognized arguments: --bad',
+    60_000,
+  );
+  // A server that ends before `initialize` is not restarted: it would fail the same way.
+  const started = () => fs.readFileSync(starts, 'utf8').split('\n').length - 1;
+  await staysUnchanged(page, text, () => check(started() === 1, `the server started ${started()} times`));
+}
+
+/** How long a replaced server must stay gone: its client's restart would follow its exit at once. */
+const STAYS_STOPPED_MS = 2_000;
+
+async function settingsChangeWhileStartingReplacesTheServer(page, profile) {
+  // A server that never answers `initialize` keeps the client starting, which it cannot stop itself.
+  // Like the real one, it exits when its stdin closes (the window that started it went away).
+  const marker = `lsp-dscoder-e2e-silent-${process.pid}-${Date.now()}`;
+  const silent = `process.stdin.on('end', () => process.exit(0)).resume(); // ${marker}`;
+  profile.writeSettings({
+    ...baseSettings(profile),
+    'lspDscoder.server.command': process.execPath,
+    'lspDscoder.server.args': ['-e', silent],
+  });
+  await reloadWindow(page);
+  await waitStatus(
+    page,
+    profile,
+    'starting, with the silent server running',
+    (t) => t === 'dscoder: starting' && processesWith(marker).length === 1,
+    60_000,
+  );
+  const command = path.join(profile.root, 'no-such-server');
+  profile.writeSettings({ ...baseSettings(profile), 'lspDscoder.server.command': command });
+  const text = await waitStatus(
+    page,
+    profile,
+    'stopped with the spawn error of the new command',
+    (t) => t.startsWith('dscoder: stopped: could not start') && t.includes('no-such-server'),
+    30_000,
+  );
+  await waitFor('the silent server to be ended', () => processesWith(marker).length === 0, {
+    timeoutMs: 10_000,
+  }).catch(async (err) => {
+    const log = profile.extensionLog().replace(/\n/g, '\n    ');
+    throw new Error(`${err.message}; status: ${JSON.stringify(await statusText(page))}\n    ${log}`);
+  });
+  // The replaced client is not restarted: that would show `starting` again and rerun the old command.
+  await staysUnchanged(page, text, () =>
+    check(processesWith(marker).length === 0, 'the replaced server was started again'),
+  );
+}
+
+/** The status keeps `text` (and `also` holds) for STAYS_STOPPED_MS: no restart follows. */
+async function staysUnchanged(page, text, also) {
+  const until = Date.now() + STAYS_STOPPED_MS;
+  while (Date.now() < until) {
+    const now = await statusText(page);
+    check(now === text, `the status changed after it stopped: ${JSON.stringify([text, now])}`);
+    also();
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
+
+export const CASES = [
+  [
+    'streamed suggestion is shown as it grows, accepted with Tab and saved',
+    streamedSuggestionIsShownAcceptedAndSaved,
+  ],
+  ['a model that does not load shows failed: <reason>', badModelShowsItsReason],
+  ['a server that cannot start shows stopped: <reason>', serverThatCannotStartShowsItsReason],
+  [
+    'a server that exits before initialize shows stopped: <exit status: its error line>, not restarted',
+    serverThatExitsBeforeInitializeShowsItsReason,
+  ],
+  [
+    'a settings change while the server starts replaces it: the new outcome stays, the old process ends',
+    settingsChangeWhileStartingReplacesTheServer,
+  ],
+];
