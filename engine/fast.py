@@ -25,14 +25,15 @@ from collections.abc import Callable
 
 import torch
 
-from lsp_dscoder.engine.awq import AwqLinear
+from lsp_dscoder.engine.awq import AwqLinear, PackedLayout
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.step_graphs import StepGraph, part_bounds, part_count
 from lsp_dscoder.engine.weights import LayerWeights
-from lsp_dscoder.kernels.awq_dequant import awq_dequant
+from lsp_dscoder.kernels.awq_dequant import awq_dequant, fragment_dequant
 from lsp_dscoder.kernels.awq_gemm import AwqWorkspace, awq_skinny
+from lsp_dscoder.kernels.awq_mma import awq_mma, mma_supported
 from lsp_dscoder.kernels.decode_attention import decode_attention
 from lsp_dscoder.kernels.extend_attention import extend_attention
 from lsp_dscoder.kernels.pdl import pdl_supported
@@ -130,9 +131,17 @@ class FastRunner:
         # Split-K partials for the widest layer matrix; one workspace serves every launch of a step.
         widest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
         self.workspace = SkinnyWorkspace.allocate(widest, 8, dev) if gemm != "cublas" else None
-        # AWQ checkpoints (engine/awq.py) run every layer matrix packed, through kernels/awq_gemm.py; a
-        # larger step dequantizes each matrix into one reused buffer for cuBLAS (docs/awq.md).
+        # AWQ checkpoints (engine/awq.py) run every layer matrix packed; a larger step dequantizes each
+        # matrix into one reused buffer for cuBLAS (docs/awq.md). Where bf16 MMAs run, the words are
+        # permuted once, here, into the layout of the tensor-core kernel (kernels/awq_mma.py).
         packed = bool(model.w.layers) and model.w.layers[0].quant is not None
+        if packed and mma_supported(dev, model.w.embed.dtype):
+            for layer in model.w.layers:
+                q = layer.quant
+                assert q is not None  # every layer of a packed checkpoint is
+                if all(m.fragments_fit() for m in (q.wqkv, q.wo, q.w_gate_up, q.w_down)):
+                    q.wqkv, q.wo = q.wqkv.to_fragments(), q.wo.to_fragments()
+                    q.w_gate_up, q.w_down = q.w_gate_up.to_fragments(), q.w_down.to_fragments()
         self.awq_workspace = AwqWorkspace.allocate(widest, dev) if packed else None
         largest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size) * cfg.hidden_size
         self.awq_dense = torch.empty(largest, dtype=model.w.embed.dtype, device=dev) if packed else None
@@ -141,11 +150,15 @@ class FastRunner:
         """x @ w.T for a layer matrix: the skinny GEMM for at most MAX_M rows when chosen, else cuBLAS."""
         if packed is not None:  # INT4 AWQ: the dense `w` is a meta tensor
             p = (packed.qweight, packed.qzeros, packed.scales)
+            fragments = packed.layout is PackedLayout.FRAGMENTS
+            if x.shape[0] <= MAX_M and fragments:
+                return awq_mma(x, *p, workspace=self.awq_workspace, pdl=self.pdl)
             if x.shape[0] <= MAX_M:
                 return awq_skinny(x, *p, workspace=self.awq_workspace, pdl=self.pdl)
             assert self.awq_dense is not None  # allocated with the packed layers
             k, n = packed.in_features, packed.out_features
-            return x @ awq_dequant(*p, out=self.awq_dense[: k * n].view(k, n))  # (K, N)
+            dequant = fragment_dequant if fragments else awq_dequant
+            return x @ dequant(*p, out=self.awq_dense[: k * n].view(k, n))  # (K, N)
         if self.skinny and x.shape[0] <= MAX_M:
             return skinny_gemm(x, w, workspace=self.workspace, pdl=self.pdl)
         return x @ w.T
