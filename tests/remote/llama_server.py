@@ -1,5 +1,5 @@
 """llama.cpp's own server (`llama-server`, built by `install_llama_server.sh`) as a process the tests own:
-started on a free loopback port with the bundled model converted to GGUF (`bench_remote`'s launcher),
+started on a free loopback port with the bundled model converted to GGUF (`remote_llama`'s launcher),
 asked directly for reference completions, read through its log and metrics, and killed when a test needs
 the engine to die."""
 
@@ -11,14 +11,14 @@ import time
 import urllib.request
 from typing import Any
 
-from lsp_dscoder import bench_remote
-from lsp_dscoder.bench_remote import convert, free_port, llama_dir
+from lsp_dscoder import remote_llama
+from lsp_dscoder.remote_llama import convert, free_port, llama_dir
 
 INSTALL = "bash tests/remote/install_llama_server.sh"
 __all__ = ["INSTALL", "LlamaServer", "convert", "free_port", "llama_dir"]
 
 
-class LlamaServer(bench_remote.LlamaServer):
+class LlamaServer(remote_llama.LlamaServer):
     def start(self, timeout: float = 60.0) -> LlamaServer:
         super().start(timeout)
         return self
