@@ -207,10 +207,21 @@ async function streamedSuggestionIsShownAcceptedAndSaved(page, profile) {
   check(!suggestWidget, 'the suggest widget showed completion items next to the inline suggestion');
 }
 
-/** A new window on the settings just written: the server starts with them. */
+/** A new window on the settings just written: the server starts with them. Waits for the workbench, not
+ * for the page's `load` event. A page that shows no workbench in time is loaded once more: on a starved
+ * machine a reload has sat for minutes without opening its connection to code-server, which is no part
+ * of what these cases test. */
 async function reloadWindow(page) {
-  await page.reload({ timeout: 60_000 });
-  await page.locator('.monaco-workbench').waitFor({ timeout: 90_000 });
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await page.reload({ waitUntil: 'commit', timeout: 60_000 });
+      await page.locator('.monaco-workbench').waitFor({ timeout: 60_000 });
+      return;
+    } catch (err) {
+      if (attempt === 2) throw err;
+      console.log(`# the window did not load, loading it again: ${err.message.split('\n')[0]}`);
+    }
+  }
 }
 
 async function badModelShowsItsReason(page, profile) {

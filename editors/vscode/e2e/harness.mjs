@@ -222,7 +222,7 @@ export async function openWorkbench(url, folder) {
   await context.route(/^(?!(https?|wss?):\/\/127\.0\.0\.1[:/]|data:|blob:)/, (route) => route.abort());
   const page = await context.newPage();
   page.setDefaultTimeout(30_000);
-  await page.goto(`${url}/?folder=${encodeURIComponent(folder)}`, { timeout: 60_000 });
+  await page.goto(`${url}/?folder=${encodeURIComponent(folder)}`, { waitUntil: 'commit', timeout: 60_000 });
   await page.locator('.monaco-workbench').waitFor({ timeout: 90_000 });
   return { browser, page };
 }
