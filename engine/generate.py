@@ -66,7 +66,6 @@ class Healing:
     token whenever one exists."""
 
     partial_odds: float = 16.0
-    on_host: bool = True  # candidates chosen on the CPU (see `generate`)
 
     def __post_init__(self) -> None:
         if not self.partial_odds >= 1.0:
@@ -175,11 +174,7 @@ def generate(
             stop = StopReason.MAX_TOKENS
             break
         if heal:
-            # On the host: one copy of the row instead of a handful of launches and two copies of the
-            # candidate ids to the device (a keystroke's typed text is new each time); the same float32
-            # arithmetic and the same first-maximum argmax either way.
-            row = logits.to("cpu") if healing.on_host else logits
-            logits = healing.logits(row, *tokenizer.healing_index(heal, row.device))
+            logits = healing.logits(logits, *tokenizer.healing_index(heal, logits.device))
         token = sample(
             logits.to("cpu") if params.temperature > 0 else logits, params.temperature, params.top_p, gen
         )
