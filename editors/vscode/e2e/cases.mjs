@@ -7,7 +7,8 @@
  *    completion item (suggest widget) is offered next to the inline suggestion;
  * 2. a model that does not load shows `failed` with its reason in the status item;
  * 3. a server command that cannot start shows `stopped` with its reason; one that exits before it
- *    answers `initialize` shows its exit status and error line, and is not restarted;
+ *    answers `initialize` shows its exit status and error line, and is not restarted; one that answers
+ *    `initialize` with an error shows that error, and its process is ended;
  * 4. a settings change while the server is still starting replaces it: the new command's outcome stays
  *    on the status item, and the old process is ended, not restarted.
  *
@@ -277,6 +278,48 @@ async function serverThatExitsBeforeInitializeShowsItsReason(page, profile) {
   await staysUnchanged(page, text, () => check(started() === 1, `the server started ${started()} times`));
 }
 
+/** A server (node) that answers `initialize` with an error and would then run on; it exits when its
+ * stdin closes, as the real one does. */
+function refusingServer(marker) {
+  const lines = [
+    "let input = '';",
+    "process.stdin.on('end', () => process.exit(0)).on('data', (chunk) => {",
+    '  input += chunk;',
+    '  const header = /Content-Length: (\\d+)\\r\\n\\r\\n/.exec(input);',
+    '  if (header === null || input.length < header.index + header[0].length + Number(header[1])) return;',
+    '  const request = JSON.parse(input.slice(header.index + header[0].length));',
+    "  const body = JSON.stringify({ jsonrpc: '2.0', id: request.id, error: { code: -32603, message: 'no GPU here' } });",
+    "  input = '';",
+    '  process.stdout.write(`Content-Length: ${Buffer.byteLength(body)}\\r\\n\\r\\n${body}`);',
+    `}); // ${marker}`,
+  ];
+  return lines.join('\n');
+}
+
+async function serverWhoseInitializeFailsShowsItsError(page, profile) {
+  const marker = `lsp-dscoder-e2e-refusing-${process.pid}-${Date.now()}`;
+  profile.writeSettings({
+    ...baseSettings(profile),
+    'lspDscoder.server.command': process.execPath,
+    'lspDscoder.server.args': ['-e', refusingServer(marker)],
+  });
+  await reloadWindow(page);
+  const text = await waitStatus(
+    page,
+    profile,
+    "stopped with the server's error",
+    (t) => t === 'dscoder: stopped: no GPU here',
+    60_000,
+  );
+  // It cannot serve this window: its process is ended, and not started again.
+  await waitFor('the refusing server to be ended', () => processesWith(marker).length === 0, {
+    timeoutMs: 10_000,
+  });
+  await staysUnchanged(page, text, () =>
+    check(processesWith(marker).length === 0, 'the refusing server was started again'),
+  );
+}
+
 /** How long a replaced server must stay gone: its client's restart would follow its exit at once. */
 const STAYS_STOPPED_MS = 2_000;
 
@@ -340,6 +383,10 @@ export const CASES = [
   [
     'a server that exits before initialize shows stopped: <exit status: its error line>, not restarted',
     serverThatExitsBeforeInitializeShowsItsReason,
+  ],
+  [
+    'a server whose initialize fails shows stopped: <its error>, and its process is ended',
+    serverWhoseInitializeFailsShowsItsError,
   ],
   [
     'a settings change while the server starts replaces it: the new outcome stays, the old process ends',

@@ -23,7 +23,7 @@ import {
 } from 'vscode-languageclient/node';
 
 import { InlineStreaming } from './inline';
-import { launchServer, RestartPolicy, SpawnError } from './launch';
+import { isRunning, launchServer, RestartPolicy, SpawnError } from './launch';
 import {
   initializationOptions,
   isEnabled,
@@ -36,7 +36,7 @@ import {
   Settings,
   serverLaunch,
 } from './settings';
-import { INITIAL, renderStatus, StatusView, withBusy } from './status';
+import { INITIAL, renderStatus, StatusView, withBusy, withProgress } from './status';
 import { PARTIAL_COMPLETION_METHOD } from './suggestions';
 
 /** The server's statistics request; the extension reads whether the model loaded. */
@@ -45,6 +45,9 @@ interface EngineStats {
   engineState: 'idle' | 'loading' | 'ready' | 'failed';
   engineError: string | null;
 }
+
+/** How long a server may take to exit on its own before it is ended. */
+const EXIT_GRACE_MS = 2000;
 
 class Session implements vscode.Disposable {
   private readonly output = vscode.window.createOutputChannel('lsp-dscoder', { log: true });
@@ -106,7 +109,8 @@ class Session implements vscode.Disposable {
       this.exitReason = undefined;
       this.output.info(`starting ${[launch.command, ...launch.args].join(' ')}`);
       const launched = await launchServer(launch.command, launch.args, (reason) => {
-        if (this.client !== client) return; // stopped on purpose (restart, deactivation)
+        // Ended on purpose: stopped (restart, deactivation), or after `initialize` failed.
+        if (this.client !== client || this.serverProcess !== launched.process) return;
         this.exitReason = reason;
         this.output.warn(`server ${reason}`);
         if (this.status.phase === 'stopped') this.setStatus({ error: reason });
@@ -181,6 +185,13 @@ class Session implements vscode.Disposable {
           : (this.exitReason ?? message);
       this.exitReason = reason;
       this.setStatus({ phase: 'stopped', progress: undefined, error: reason });
+      // A server that answered `initialize` with an error runs on, of no use; one that exited is gone.
+      const server = this.serverProcess;
+      setTimeout(() => {
+        if (server === undefined || server !== this.serverProcess || !isRunning(server)) return;
+        this.serverProcess = undefined;
+        server.kill();
+      }, EXIT_GRACE_MS);
     });
   }
 
@@ -191,7 +202,7 @@ class Session implements vscode.Disposable {
     inline?.dispose();
     const server = this.serverProcess;
     this.serverProcess = undefined;
-    const alive = () => server !== undefined && server.exitCode === null && server.signalCode === null;
+    const alive = () => server !== undefined && isRunning(server);
     if (client?.state === State.Running) {
       await client.stop().catch((err) => this.output.warn(`stopping the server: ${String(err)}`));
     } else if (alive()) {
@@ -200,7 +211,7 @@ class Session implements vscode.Disposable {
       server?.kill();
     }
     // The server exits after `exit`; one that does not is ended after a grace period.
-    if (alive()) setTimeout(() => alive() && server?.kill(), 2000);
+    if (alive()) setTimeout(() => alive() && server?.kill(), EXIT_GRACE_MS);
   }
 
   restart(): Promise<void> {
@@ -217,23 +228,9 @@ class Session implements vscode.Disposable {
 
   /** Model load progress from the server's `$/progress`; at its end, whether the model is ready. */
   private progress(params: WorkDoneProgressBegin | WorkDoneProgressReport | WorkDoneProgressEnd): void {
-    const current = this.status.progress;
-    if (params.kind === 'begin') {
-      const { title, message, percentage } = params;
-      this.setStatus({ phase: 'loading', progress: { title, message, percentage }, error: undefined });
-    } else if (params.kind === 'report' && current !== undefined) {
-      const { message = current.message, percentage = current.percentage } = params;
-      this.setStatus({ progress: { ...current, message, percentage } });
-    } else if (params.kind === 'end') {
-      // The server ends its load progress with `ready` or `failed: <reason>`.
-      const failed = /^failed:\s*(.*)$/s.exec(params.message ?? '');
-      if (failed !== null) {
-        this.setStatus({ phase: 'failed', progress: undefined, error: failed[1] || 'unknown error' });
-      } else {
-        this.setStatus({ phase: 'idle', progress: undefined });
-        void this.checkEngine();
-      }
-    }
+    this.status = withProgress(this.status, params);
+    this.render();
+    if (this.status.phase === 'idle' && params.kind === 'end') void this.checkEngine();
   }
 
   /** The engine's state from `dscoder/stats`: ready, failed with its reason, or still loading. */

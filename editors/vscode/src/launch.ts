@@ -17,6 +17,11 @@ export function lastLine(text: string): string | undefined {
   return line === undefined ? undefined : line.slice(0, MAX_LINE);
 }
 
+/** True until the process has exited or was killed. */
+export function isRunning(child: ChildProcess): boolean {
+  return child.exitCode === null && child.signalCode === null;
+}
+
 /** Why a server process ended, in words. */
 export function exitReason(
   code: number | null,

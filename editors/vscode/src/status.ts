@@ -37,6 +37,30 @@ const ICONS: Record<Phase, string> = {
   stopped: '$(error)',
 };
 
+/** The server's `$/progress` of its model load (the LSP work-done progress values). */
+export type LoadProgressEvent =
+  | { kind: 'begin'; title: string; message?: string; percentage?: number }
+  | { kind: 'report'; message?: string; percentage?: number }
+  | { kind: 'end'; message?: string };
+
+/** The status after a load progress event. The server ends its load progress with `ready` or
+ * `failed: <reason>`; a report without a begin changes nothing. */
+export function withProgress(v: StatusView, p: LoadProgressEvent): StatusView {
+  if (p.kind === 'begin') {
+    const progress = { title: p.title, message: p.message, percentage: p.percentage };
+    return { ...v, phase: 'loading', progress, error: undefined };
+  }
+  if (p.kind === 'report') {
+    if (v.progress === undefined) return v;
+    const { message = v.progress.message, percentage = v.progress.percentage } = p;
+    return { ...v, progress: { ...v.progress, message, percentage } };
+  }
+  const failed = /^failed:\s*(.*)$/s.exec(p.message ?? '');
+  if (failed !== null)
+    return { ...v, phase: 'failed', progress: undefined, error: failed[1] || 'unknown error' };
+  return { ...v, phase: 'idle', progress: undefined };
+}
+
 /** A request went out or ended: only moves between idle and generating, never hides loading/failure. */
 export function withBusy(v: StatusView, generating: boolean): StatusView {
   if (v.phase !== 'idle' && v.phase !== 'generating') return v;

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { formatMs, INITIAL, Phase, renderStatus, shortReason, withBusy } from '../status';
+import { formatMs, INITIAL, Phase, renderStatus, shortReason, withBusy, withProgress } from '../status';
 
 const CLICK = 'Click to show the server log.';
 
@@ -103,4 +103,29 @@ test('requests toggle idle/generating only: never hiding loading, failure or a s
   );
   const v = { ...INITIAL, phase: 'idle' as const, lastTtftMs: 30 };
   assert.deepEqual(withBusy(v, true), { ...v, phase: 'generating' });
+});
+
+test("the server's load progress: begin, report, and its end with ready or failed: <reason>", () => {
+  const title = 'dscoder: loading model';
+  const begun = withProgress({ ...INITIAL, error: 'old' }, { kind: 'begin', title, percentage: 0 });
+  assert.deepEqual(begun, {
+    ...INITIAL,
+    phase: 'loading',
+    progress: { title, message: undefined, percentage: 0 },
+  });
+  const report = withProgress(begun, { kind: 'report', message: 'loading weights 3/12' });
+  assert.deepEqual(report.progress, { title, message: 'loading weights 3/12', percentage: 0 });
+  // A report without a begin changes nothing.
+  assert.equal(withProgress(INITIAL, { kind: 'report', message: 'x' }), INITIAL);
+  assert.deepEqual(withProgress(report, { kind: 'end', message: 'ready' }), { ...INITIAL, phase: 'idle' });
+  assert.deepEqual(withProgress(report, { kind: 'end', message: 'failed: CheckpointError: no /m' }), {
+    ...INITIAL,
+    phase: 'failed',
+    error: 'CheckpointError: no /m',
+  });
+  assert.deepEqual(withProgress(report, { kind: 'end', message: 'failed:' }), {
+    ...INITIAL,
+    phase: 'failed',
+    error: 'unknown error',
+  });
 });
