@@ -290,13 +290,14 @@ class FastRunner:
         self.start.fill_(start)
         self.last.fill_(t - 1)
         self.counts["graph_replays"] += 1
-        if not step.replay(self.part_done, interrupted):
+        if not step.replay(self.part_done, self.stream, interrupted):
             return None
         return step.logits.clone()  # the graph's output buffer is rewritten by the next replay
 
     # -- warm-up: compile every kernel variant, capture the graphs -----------------------------------
     def capture(self, progress: Progress | None = None) -> None:
         self.part_done = [torch.cuda.Event() for _ in range(self.parts)]  # type: ignore[no-untyped-call]
+        self.stream = torch.cuda.current_stream()  # the engine thread's: every step runs on it
         todo = [(s, b) for s in range(len(self.cache.slots)) for b in self.buckets]
         self.start.zero_()
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
@@ -373,7 +374,7 @@ class FastRunner:
                 begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
                 begin.record()
-                captured.replay(self.part_done)
+                captured.replay(self.part_done, self.stream)
                 end.record()
                 end.synchronize()
                 if rep >= 3:  # the first replays upload the graph and warm the caches

@@ -39,11 +39,21 @@ class _Done:
     def __init__(self, i: int, log: list[str]) -> None:
         self.i, self.log = i, log
 
-    def record(self) -> None:
+    def record(self, stream: object) -> None:
+        assert stream is _STREAM
         self.log.append(f"record {self.i}")
 
     def synchronize(self) -> None:
         self.log.append(f"wait {self.i}")
+
+
+_STREAM: Any = object()  # the stream the runner hands in
+
+
+def test_a_step_of_one_part_is_one_replay_and_nothing_else() -> None:
+    step, done, log = _step(1)
+    assert step.replay(done, _STREAM, lambda: True)  # nothing to stop between
+    assert log == ["launch 0"]
 
 
 def _step(n: int) -> tuple[StepGraph, list[Any], list[str]]:
@@ -60,7 +70,7 @@ def test_parts_run_one_ahead_and_ask_between_them() -> None:
         asked.append(log[-1])
         return False
 
-    assert step.replay(done, interrupted)
+    assert step.replay(done, _STREAM, interrupted)
     assert log == [
         *("launch 0", "record 0", "launch 1", "record 1"),
         *("wait 0", "launch 2", "record 2", "wait 1", "launch 3", "record 3"),
@@ -77,6 +87,6 @@ def test_a_stale_step_stops_with_two_parts_in_flight_at_most() -> None:
         calls += 1
         return calls == 3  # the request went stale while part 1 ran
 
-    assert not step.replay(done, interrupted)
+    assert not step.replay(done, _STREAM, interrupted)
     assert log[-2:] == ["record 2", "wait 1"]  # parts 2 launched, 3..7 never
     assert sum(e.startswith("launch") for e in log) == 3

@@ -132,7 +132,7 @@ def profile_variant(
     for _ in range(33):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        step.replay(runner.part_done)
+        step.replay(runner.part_done, runner.stream)
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3)
@@ -140,7 +140,7 @@ def profile_variant(
     reps = 5
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            step.replay(runner.part_done)
+            step.replay(runner.part_done, runner.stream)
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
