@@ -8,6 +8,7 @@ sit in one tile, so every K/V tile is read once per KV head (GQA) and feeds a te
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -179,11 +180,11 @@ def extend_attention(
     check_pdl(pdl, q.device)
 
     if tiles is None:
-        tiles = prefill_tiles(n_tok, q.device)
+        tiles = prefill_tiles(n_tok, n_heads, q.dtype, q.device)
     if isinstance(tiles, PrefillTiles):
         if q.dtype == torch.float32 and q.device.type == "cuda":
             # fp32 tiles are twice the bytes: two stages keep a 128-row tile inside 227 KB of shared memory.
-            tiles = PrefillTiles(tiles.block_m, tiles.block_n, tiles.num_warps, min(tiles.num_stages, 2))
+            tiles = dataclasses.replace(tiles, num_stages=min(tiles.num_stages, 2))
         return launch_prefill(q, k_cache, v_cache, start, sm_scale, out, num_splits, pdl, tiles)
     group = n_heads // n_kv
     tiles = tiles or tiles_for(n_tok * group)

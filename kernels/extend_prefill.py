@@ -66,6 +66,7 @@ def _extend_long_kernel(
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,
     TMA: tl.constexpr,
+    LAZY: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
@@ -120,12 +121,25 @@ def _extend_long_kernel(
         qk = tl.dot(qt, tl.trans(kt), input_precision=PRECISION)  # (M, N), unscaled
         # The scale is positive, so it commutes with the max: one multiply-add per score feeds exp2.
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        # p is rounded to the cache dtype as the tensor cores take it (also where the interpreter widened v).
-        acc = tl.dot(p.to(p_dtype).to(vt.dtype), vt, acc * alpha[:, None], input_precision=PRECISION)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        if LAZY:
+            # Rescale only when some row's max rose by more than 2^8: below that the stale max keeps
+            # p <= 256 (exact in fp32 sums, bf16's relative precision), and the (M, D) multiply is skipped.
+            if tl.max(m_new - m_i, 0) > 8.0:
+                alpha = tl.exp2(m_i - m_new)
+                acc = acc * alpha[:, None]
+                l_i = l_i * alpha
+                m_i = m_new
+            p = tl.exp2(qk * qk_scale - m_i[:, None])
+            acc = tl.dot(p.to(p_dtype).to(vt.dtype), vt, acc, input_precision=PRECISION)
+            l_i = l_i + tl.sum(p, 1)
+        else:
+            p = tl.exp2(qk * qk_scale - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            # p is rounded to the cache dtype as the tensor cores take it (also where the interpreter
+            # widened v).
+            acc = tl.dot(p.to(p_dtype).to(vt.dtype), vt, acc * alpha[:, None], input_precision=PRECISION)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
     for j0 in range(full_hi, kv_hi, BLOCK_N):
         j = j0 + n
         kv_ok = j < kv_hi
@@ -177,21 +191,31 @@ class PrefillTiles:
     # Registers per thread, when capped: 128 lets two 8-warp programs share an SM, so one's softmax runs
     # while the other's products do.
     maxnreg: int | None = None
+    lazy: bool = False  # rescale the accumulator only when a row max rose by more than 2^8
 
 
 # From this many new tokens a step is compute-bound and runs this kernel.
 LONG_STEP = 256
 
 
-def prefill_tiles(n_tok: int, device: torch.device) -> PrefillTiles | None:
+def prefill_tiles(n_tok: int, n_heads: int, dtype: torch.dtype, device: torch.device) -> PrefillTiles | None:
     """Tiles for a step of n_tok new tokens, or None for extend_attention's own kernel."""
     if n_tok < LONG_STEP:
         return None
     if interpreting() or device.type != "cuda":
         # Small tiles so that tests at small shapes cross query blocks, key tiles and split boundaries.
         return PrefillTiles(16, 16, 4, 1)
-    # On the GPU only when asked for (tiles=), until the H200 sweep has chosen its tiles.
-    return None
+    if dtype == torch.float32:
+        return None  # the debug dtype: its tiles were never timed here, and the other kernel serves it
+    tma = torch.cuda.get_device_capability(device)[0] >= 9
+    sms: int = torch.cuda.get_device_properties(device).multi_processor_count
+    if n_heads * triton.cdiv(n_tok, 128) >= sms // 2:
+        # H200 sweep (docs/kernels.md): 128x128 tiles, 3 stages (one program an SM, 230 KB of shared
+        # memory) were the fastest at 4K and 16K tokens for all three shapes, 1.40-1.58x the FLOP floor.
+        return PrefillTiles(128, 128, 8, 3, tma)
+    # Too few 128-row blocks to fill the SMs (a 256-token line at 1.3B/6.7B): 64-row tiles, two programs
+    # an SM, and key splits for the rest.
+    return PrefillTiles(64, 64, 4, 3, tma)
 
 
 def prefill_splits(programs: int, max_ctx: int, tiles: PrefillTiles, device: torch.device) -> int:
@@ -254,6 +278,7 @@ def launch_prefill(
         BLOCK_N=tiles.block_n,
         SPLIT=num_splits > 1,
         TMA=tiles.tma,
+        LAZY=tiles.lazy,
         UPCAST=dot_operands_fp32(q.dtype),
         PRECISION=dot_precision(q.dtype),
         num_warps=tiles.num_warps,

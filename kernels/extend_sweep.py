@@ -15,6 +15,7 @@ fill Triton's cache in parallel before the timed run (a fresh machine compiles ~
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -50,8 +51,8 @@ class Variant:
 
 CASES = (
     Case("cold 4K", 4096, 0, 8192),
-    Case("odd 1037 @4001", 1037, 4001, 8192),  # partial blocks, an unaligned diagonal: correctness
     Case("line 256 @4K", 256, 4096, 8192),
+    Case("odd 1037 @4001", 1037, 4001, 8192),  # partial blocks, an unaligned diagonal: correctness
     Case("cold 16K", 16384, 0, 16384),
     Case("4K @4K", 4096, 4096, 8192),
 )
@@ -62,6 +63,9 @@ def variants(plan: str, case: Case, model: Model) -> Iterator[Variant]:
     """The default, the keystroke kernel at its own tiles, then (plan "tiles") the long-step tiles."""
     yield Variant("default", None)
     yield Variant("short", ea.tiles_for(case.n_tok * model.heads // model.kv_heads))
+    chosen = prefill_tiles(case.n_tok, model.heads, torch.bfloat16, torch.device("cuda"))
+    if chosen is not None:
+        yield Variant("default, lazy rescale", dataclasses.replace(chosen, lazy=True))
     if plan == "default":
         return
     if case.name.startswith("odd"):
@@ -161,7 +165,8 @@ class CaseData:
 
 def build_key(m: Model, case: Case, var: Variant, dev: torch.device) -> tuple[object, ...]:
     """What makes a distinct compiled kernel (roughly: a few keys compile the same kernel twice)."""
-    tiles = var.tiles or prefill_tiles(case.n_tok, dev) or ea.tiles_for(case.n_tok * m.heads // m.kv_heads)
+    tiles = var.tiles or prefill_tiles(case.n_tok, m.heads, torch.bfloat16, dev)
+    tiles = tiles or ea.tiles_for(case.n_tok * m.heads // m.kv_heads)
     split = var.splits
     if split is None and isinstance(tiles, PrefillTiles) and dev.type == "cuda":
         blocks = -(-case.n_tok // tiles.block_m)

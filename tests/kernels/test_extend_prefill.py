@@ -69,6 +69,23 @@ def test_matches_reference(
     torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize(("n_tok", "prefix", "splits"), [(40, 0, None), (21, 37, 3)])
+def test_lazy_rescale_matches_reference(tma: bool, n_tok: int, prefix: int, splits: int | None) -> None:
+    """Large scores (q x 8), so row maxima jump by more than 2^8 mid-row and the rescale branch runs."""
+    q = (8 * torch.randn(n_tok, 4, 16)).to(torch.bfloat16)
+    k_cache, v_cache = make_cache(2, 16, prefix + n_tok, torch.bfloat16)
+    start = torch.tensor([prefix], dtype=torch.int32)
+    tiles = PrefillTiles(*SMALL, tma=tma, lazy=True)
+
+    got = ea.extend_attention(q, k_cache, v_cache, start, 0.25, num_splits=splits, tiles=tiles)
+
+    atol, rtol = TOL[torch.bfloat16]
+    torch.testing.assert_close(
+        got, ea.extend_attention_ref(q, k_cache, v_cache, start, 0.25), atol=atol, rtol=rtol
+    )
+
+
 def test_long_steps_take_this_kernel() -> None:
     """From LONG_STEP tokens extend_attention runs the long-step kernel: the same bits as launching it."""
     n_tok = LONG_STEP
