@@ -154,8 +154,7 @@ class RemoteBackend:
     async def _drain(self) -> None:
         if self._exchanges.tasks:
             await asyncio.wait(list(self._exchanges.tasks), timeout=2)
-        self._pool.close()
-        await asyncio.sleep(0)  # the connection being opened, if any, sees its cancellation
+        await self._pool.aclose()
 
     def _serve(self) -> None:
         """The backend's own loop, for callers without one."""

@@ -6,6 +6,7 @@ string, a failure), with the endpoint's health told what happened."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 
@@ -28,6 +29,8 @@ from lsp_dscoder.remote_http import (
 from lsp_dscoder.remote_pool import Connection, ConnectionPool
 from lsp_dscoder.remote_stream import StreamDecoder, parse_chunk
 from lsp_dscoder.remote_wire import Wire
+
+log = logging.getLogger(__name__)
 
 # what an exchange takes for the endpoint failing (RemoteError included); anything else is a bug
 FAILURES = (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, RemoteError, ValueError)
@@ -115,6 +118,9 @@ class Exchanges:
             stop = StopReason.STOP_STRING if decoder.stopped else StopReason.CANCELLED
         except FAILURES as exc:
             stop, error = self._failed(handle, request, TimeoutError() if dog.expired else exc)
+        except Exception as exc:  # a bug of ours: logged, and the editor's request still gets its answer
+            log.exception("remote request %d failed", handle.seq)
+            stop, error = StopReason.ERROR, f"{type(exc).__name__}: {exc}"
         finally:
             dog.stop()
             cut = handle.connection

@@ -174,6 +174,13 @@ class ConnectionPool:
         else:
             conn.close()
 
+    async def aclose(self) -> None:
+        """Closes the pool, and waits for the connection being opened, if any, to give up."""
+        warming = self._warming
+        self.close()
+        if warming is not None:
+            await asyncio.wait([warming], timeout=1.0)
+
     def close(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []

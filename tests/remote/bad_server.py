@@ -60,6 +60,10 @@ class BadServer:
         async def stop() -> None:
             assert self._server is not None
             self._server.close()
+            clients = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in clients:  # connections still open: closed while the loop runs
+                task.cancel()
+            await asyncio.gather(*clients, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
