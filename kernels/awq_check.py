@@ -25,13 +25,12 @@ from .awq_fragments import fragment_pack
 from .awq_gemm import AwqTiles, awq_gemm_ref, awq_skinny
 from .awq_gemv import AwqWorkspace, GemvTiles
 from .awq_mma import MmaTiles, awq_mma
-from .awq_rows import RowTiles
 from .shapes import by_name
 from .skinny_gemm import SkinnyWorkspace, skinny_gemm
 
 ROTATE_BYTES = 256 * 2**20  # more than L2 several times over
 Packed = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-Tiles = AwqTiles | GemvTiles | RowTiles | MmaTiles | None
+Tiles = AwqTiles | GemvTiles | MmaTiles | None
 
 
 def copy_bandwidth(device: torch.device) -> float:
@@ -88,15 +87,6 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
     if m == 1:
         blocks = triton.cdiv(n // 8, 128)
         yield GemvTiles(8, split_for(blocks, 8 * k // group, 32, 512), 1, 8, 1, True, True)
-    # (block_k, words, warps, sub, programs per SM, prefetch, flat)
-    ones = ((16, 1, 1, 4, 24, True, False), (8, 1, 1, 4, 24, True, True), (4, 1, 1, 4, 24, True, True),
-            (8, 1, 1, 4, 24, True, False), (8, 1, 1, 4, 48, True, True),
-            (8, 1, 2, 4, 12, True, True))  # fmt: skip
-    fours = ((4, 1, 1, 4, 24, True, False), (2, 1, 1, 4, 24, True, True))
-    for bk, wpt, warps, sub, per_sm, prefetch, flat in ones if m == 1 else fours if m <= 8 else ():
-        blocks = triton.cdiv(n // 8, 32 * warps * wpt)
-        split = split_for(blocks, sub * k // group, per_sm, 4096)
-        yield RowTiles(bk, wpt, warps, sub, split, prefetch, flat)
     # (warps, programs per SM, depth, column tiles a warp)
     mma = ((1, 16, 1, 1), (1, 16, 2, 1), (1, 8, 2, 1), (4, 4, 2, 1), (1, 16, 0, 1), (1, 8, 1, 2),
            (1, 8, 2, 2))  # fmt: skip
@@ -113,9 +103,6 @@ def name_of(t: Tiles) -> str:
         return "default"
     if isinstance(t, MmaTiles):
         return f"mma s{t.split_k}/w{t.num_warps}/depth{t.depth}/tiles{t.tiles}"
-    if isinstance(t, RowTiles):
-        how = ("/prefetch" if t.prefetch else "") + ("/flat" if t.flat else "")
-        return f"rows k{t.block_k}/wpt{t.words}/w{t.num_warps}/sub{t.sub}/s{t.split_k}{how}"
     if isinstance(t, GemvTiles):
         how = ("" if t.atomic else "/lastsum") + ("/prefetch" if t.prefetch else "")
         return f"gemv k{t.block_k}/s{t.split_k}/w{t.num_warps}/sub{t.sub}/st{t.num_stages}{how}"

@@ -34,7 +34,6 @@ from .awq_gemv import (
     launch_gemv,
     nibble_unit,
 )
-from .awq_rows import RowTiles, launch_rows
 from .contract import FLOAT_DTYPES, check_out, check_tensor, interpreting
 from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 from .skinny_gemm import MAX_M
@@ -283,7 +282,7 @@ def awq_skinny(
     qzeros: torch.Tensor,
     scales: torch.Tensor,
     out: torch.Tensor | None = None,
-    tiles: AwqTiles | GemvTiles | RowTiles | None = None,
+    tiles: AwqTiles | GemvTiles | None = None,
     workspace: AwqWorkspace | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
@@ -300,8 +299,6 @@ def awq_skinny(
     if tiles is None:
         small = m <= GEMV_MAX_M
         tiles = gemv_tiles(n, k, group, x.device) if small else skinny_tiles(m, n, k, group, x.device)
-    if isinstance(tiles, RowTiles):
-        return launch_rows(x, qweight, qzeros, scales, group, out, tiles, workspace, pdl)
     if isinstance(tiles, GemvTiles):
         return launch_gemv(x, qweight, qzeros, scales, group, out, tiles, workspace, pdl)
     return _launch(x, qweight, qzeros, scales, group, out, tiles, workspace, pdl)

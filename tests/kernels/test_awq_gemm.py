@@ -10,7 +10,6 @@ from lsp_dscoder.kernels.awq_dequant import awq_dequant, awq_dequant_ref
 from lsp_dscoder.kernels.awq_format import pack_int4
 from lsp_dscoder.kernels.awq_gemm import AwqTiles, awq_gemm, awq_gemm_ref, awq_skinny
 from lsp_dscoder.kernels.awq_gemv import AwqWorkspace, GemvTiles
-from lsp_dscoder.kernels.awq_rows import RowTiles
 
 # (atol, rtol) of kernel vs reference. Both sum exact fp32 products (the interpreter widens the dot
 # operands), in different orders, and the kernel subtracts z * sum(x) from sum(x * q): terms up to
@@ -37,15 +36,6 @@ SKINNY = [
     (1, 1032, 224, 32, GemvTiles(16, 3, 1, atomic=False)),  # partials summed by the last share
     (1, 40, 192, 64, GemvTiles(8, 5, 1, sub=4, prefetch=True)),  # the last share prefetches past K
     (1, 72, 256, 128, GemvTiles(16, 1, 1, sub=2, prefetch=True)),
-    # The one-word-a-thread kernel, 1..8 rows: (block_k, words, warps, sub, split_k, prefetch).
-    (1, 40, 64, 32, RowTiles(16, 1, 1, 1, 1, True)),  # one share, prefetching past the last row
-    (1, 1032, 224, 32, RowTiles(8, 1, 1, 2, 3, True)),  # 129 words: the last block holds one; 14 parts
-    (3, 72, 256, 128, RowTiles(16, 1, 1, 4, 5, True)),  # 3 rows in a block of 4; 5 asked, 4 shares
-    (5, 40, 192, 64, RowTiles(8, 2, 1, 4, 7, False)),  # 5 rows in 8, two words a thread, shares of 2 and 1
-    (2, 24, 128, 64, RowTiles(16, 4, 2, 1, 1, False)),  # four words a thread, two warps, one share
-    (8, 16, 384, 128, RowTiles(32, 1, 1, 2, 2, True)),  # 8 rows, half groups
-    (1, 264, 192, 64, RowTiles(8, 1, 1, 4, 5, True, flat=True)),  # products summed once a part
-    (3, 40, 128, 32, RowTiles(4, 1, 1, 2, 3, False, flat=True)),
 ]
 GEMM = [
     (37, 40, 64, 32, AwqTiles(16, 32, 32, 1, 4, 1)),  # three M blocks, the last of 5 rows
@@ -64,7 +54,7 @@ def random_layer(n: int, k: int, group: int) -> tuple[torch.Tensor, torch.Tensor
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("m", "n", "k", "group", "tiles"), SKINNY)
 def test_skinny_matches_reference(
-    dtype: torch.dtype, m: int, n: int, k: int, group: int, tiles: AwqTiles | GemvTiles | RowTiles
+    dtype: torch.dtype, m: int, n: int, k: int, group: int, tiles: AwqTiles | GemvTiles
 ) -> None:
     packed = random_layer(n, k, group)
     x = torch.randn(m, k).to(dtype)
