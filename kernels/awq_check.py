@@ -87,12 +87,11 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
     if m == 1:
         blocks = triton.cdiv(n // 8, 128)
         yield GemvTiles(8, split_for(blocks, 8 * k // group, 32, 512), 1, 8, 1, True, True)
-    # (warps, programs per SM, depth, column tiles a warp)
-    mma = ((1, 16, 1, 1), (1, 16, 2, 1), (1, 8, 2, 1), (4, 4, 2, 1), (1, 16, 0, 1), (1, 8, 1, 2),
-           (1, 8, 2, 2))  # fmt: skip
-    for warps, per_sm, depth, tiles in mma if m <= 8 else mma[:2] + mma[5:6]:
-        blocks = triton.cdiv(n // 16, warps * tiles)
-        yield MmaTiles(split_for(blocks, k // group, per_sm, 512), warps, depth, tiles)
+    # (warps, programs per SM, depth)
+    mma = ((1, 32, 1), (1, 16, 1), (1, 64, 1), (1, 32, 2))
+    for warps, per_sm, depth in mma if m <= 8 else mma[:2]:
+        blocks = triton.cdiv(n // 16, warps)
+        yield MmaTiles(split_for(blocks, k // group, per_sm, 512), warps, depth)
     for bk, stages, pairs, per_sm in ((64, 3, True, 4), (32, 4, True, 2)) if m > 1 else ():
         split = split_for(triton.cdiv(n, 256), k // group, per_sm)
         yield AwqTiles(16, 256, min(bk, group), split, 4, stages, pairs)
@@ -102,7 +101,7 @@ def name_of(t: Tiles) -> str:
     if t is None:
         return "default"
     if isinstance(t, MmaTiles):
-        return f"mma s{t.split_k}/w{t.num_warps}/depth{t.depth}/tiles{t.tiles}"
+        return f"mma s{t.split_k}/w{t.num_warps}/depth{t.depth}"
     if isinstance(t, GemvTiles):
         how = ("" if t.atomic else "/lastsum") + ("/prefetch" if t.prefetch else "")
         return f"gemv k{t.block_k}/s{t.split_k}/w{t.num_warps}/sub{t.sub}/st{t.num_stages}{how}"

@@ -89,7 +89,7 @@ def awq_dequant_ref(
 
 @triton.jit
 def _fragment_dequant_kernel(
-    qp_ptr,  # fragment layout (kernels/awq_mma.py)
+    qp_ptr,  # fragment layout (kernels/awq_fragments.py)
     qz_ptr,  # (K / GROUP, N / 8) int32
     s_ptr,  # (K / GROUP, N) fp16
     out_ptr,  # (K, N)
@@ -97,36 +97,37 @@ def _fragment_dequant_kernel(
     K: tl.constexpr,
     GROUP: tl.constexpr,
     LW: tl.constexpr,
-    LOADS: tl.constexpr,
+    TILES: tl.constexpr,
 ):
-    """LOADS loads (16 LW rows each) of one 16-column tile: words back to (row, column), as fragment_unpack
-    does: nibble rb + 2 (r // 2) + 4 (r % 2) of lane 4g + t's word j is row 4 LW t + 4 j + r, column
-    8 rb + g."""
-    nt = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    WORDS: tl.constexpr = LOADS * 32 * LW
-    ROWS: tl.constexpr = LOADS * 16 * LW
-    w = tl.load(qp_ptr + nt * (2 * K) + pid_k * WORDS + tl.arange(0, WORDS))
-    w = tl.reshape(w, (LOADS, 8, 4, LW, 1, 1))  # (load, g, t, j, rb, r)
+    """One load (16 LW rows) of TILES adjacent 16-column tiles, so each row's store is 32 TILES bytes:
+    nibble rb + 2 (r // 2) + 4 (r % 2) of lane 4g + t's word j is row 4 LW t + 4 j + r, column 8 rb + g
+    (kernels/awq_fragments.py)."""
+    pid_n = tl.program_id(0)
+    kb = tl.program_id(1)
+    ROWS: tl.constexpr = 16 * LW
+    tile = pid_n * TILES + tl.arange(0, TILES)
+    words = tile[:, None] * (2 * K) + kb * (32 * LW) + tl.arange(0, 32 * LW)[None, :]  # (TILES, 32 LW)
+    w = tl.reshape(tl.load(qp_ptr + words), (TILES, 8, 4, LW, 1, 1))  # (tile, g, t, j, rb, r)
     rb = tl.arange(0, 2)[:, None]
     r = tl.arange(0, 4)[None, :]
     shift = 4 * (rb + 2 * (r // 2) + 4 * (r % 2))  # (rb, r)
-    q = (w >> shift[None, None, None, None, :, :]) & 0xF  # (load, g, t, j, rb, r)
-    q = tl.reshape(tl.permute(q, (0, 2, 3, 5, 4, 1)), (ROWS, 16))  # rows (load, t, j, r), columns (rb, g)
-    rk = pid_k * ROWS + tl.arange(0, ROWS)
-    rn = nt * 16 + tl.arange(0, 16)
-    grp = rk // GROUP
-    s = tl.load(s_ptr + grp[:, None] * N + rn[None, :]).to(tl.float32)
-    zw = tl.load(qz_ptr + grp[:, None] * (N // 8) + (rn // 8)[None, :])
-    z = (zw >> (((rn % 8) // 2) * 4 + (rn % 2) * 16)[None, :]) & 0xF  # AutoAWQ's nibble order
-    val = (q - z).to(tl.float32) * s
+    q = (w >> shift[None, None, None, None, :, :]) & 0xF  # (tile, g, t, j, rb, r)
+    q = tl.permute(q, (2, 3, 5, 0, 4, 1))  # (t, j, r, tile, rb, g)
+    q = tl.reshape(q, (ROWS, TILES * 16))
+    rk = kb * ROWS + tl.arange(0, ROWS)
+    rn = pid_n * TILES * 16 + tl.arange(0, TILES * 16)
+    grp = kb * ROWS // GROUP  # a load never crosses a group
+    s = tl.load(s_ptr + grp * N + rn).to(tl.float32)
+    zw = tl.load(qz_ptr + grp * (N // 8) + rn // 8)
+    z = (zw >> (((rn % 8) // 2) * 4 + (rn % 2) * 16)) & 0xF  # AutoAWQ's nibble order
+    val = (q - z[None, :]).to(tl.float32) * s[None, :]
     tl.store(out_ptr + rk.to(tl.int64)[:, None] * N + rn[None, :], val.to(out_ptr.dtype.element_ty))
 
 
 def fragment_dequant(
     packed: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:
-    """W.T (K, N) into `out` from the fragment layout of kernels/awq_mma.py; returns `out`."""
+    """W.T (K, N) into `out` from the fragment layout of kernels/awq_fragments.py; returns `out`."""
     groups, n = scales.shape
     k = out.shape[0]
     check_tensor("packed", packed, ndim=2, dtypes=(torch.int32,))
@@ -139,9 +140,8 @@ def fragment_dequant(
     check_out(out, (k, n), out.dtype, packed.device)
     group = k // groups
     lw = min(4, group // 16)
-    loads = k // (16 * lw)
-    per = next(c for c in (4, 2, 1) if loads % c == 0)
-    _fragment_dequant_kernel[(n // 16, loads // per)](
-        packed, qzeros, scales, out, N=n, K=k, GROUP=group, LW=lw, LOADS=per
+    tiles = next(c for c in (8, 4, 2, 1) if (n // 16) % c == 0)
+    _fragment_dequant_kernel[(n // 16 // tiles, k // (16 * lw))](
+        packed, qzeros, scales, out, N=n, K=k, GROUP=group, LW=lw, TILES=tiles, num_warps=4
     )
     return out
