@@ -88,7 +88,7 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
         blocks = triton.cdiv(n // 8, 128)
         yield GemvTiles(8, split_for(blocks, 8 * k // group, 32, 512), 1, 8, 1, True, True)
     # (warps, programs per SM, depth)
-    mma = ((1, 32, 1), (1, 16, 1), (1, 64, 1), (1, 32, 2))
+    mma = ((1, 32, 1), (1, 16, 1), (1, 64, 1), (1, 32, 0))
     for warps, per_sm, depth in mma if m <= 8 else mma[:2]:
         blocks = triton.cdiv(n // 16, warps)
         yield MmaTiles(split_for(blocks, k // group, per_sm, 512), warps, depth)

@@ -40,7 +40,7 @@ class MmaTiles:
 
     split_k: int = 1
     num_warps: int = 1
-    depth: int = 1  # loads (words and x) in flight ahead of the MMAs: 0, 1 or 2
+    depth: int = 1  # loads (words and x) in flight ahead of the MMAs: 0 or 1 (2 measured no faster)
 
 
 _MMA = tl.constexpr(
@@ -144,16 +144,12 @@ def _mma_kernel(
     ones = tl.full((L,), BF16_ONES, tl.int32)
     LOADS: tl.constexpr = K // (16 * LW)
     kb0 = g_lo * LPG
-    if DEPTH >= 1:  # weights are no kernel's output: the first loads may go out before the wait
+    if DEPTH == 1:  # weights are no kernel's output: the first load may go out before the wait
         w_next = tl.load(qp_ptr + kb0 * (32 * LW) + w_off)
-    if DEPTH == 2:
-        w_next2 = tl.load(qp_ptr + tl.minimum(kb0 + 1, LOADS - 1) * (32 * LW) + w_off)
     pdl_release(PDL)
     pdl_wait(PDL)  # x is the previous kernel's output
-    if DEPTH >= 1:
+    if DEPTH == 1:
         xa_next, xb_next = _load_b(x_ptr, kb0, x_off, LW)
-    if DEPTH == 2:
-        xa_next2, xb_next2 = _load_b(x_ptr, tl.minimum(kb0 + 1, LOADS - 1), x_off, LW)
     a0 = tl.zeros((L,), tl.float32)
     a1 = tl.zeros((L,), tl.float32)
     a2 = tl.zeros((L,), tl.float32)
@@ -173,13 +169,7 @@ def _mma_kernel(
         x3 = tl.zeros((L,), tl.float32)
         for ld in range(LPG):
             kb = grp * LPG + ld  # load index: rows 16 LW kb ..
-            if DEPTH == 2:
-                w, xa, xb = w_next, xa_next, xb_next
-                w_next, xa_next, xb_next = w_next2, xa_next2, xb_next2
-                nkb = tl.minimum(kb + 2, LOADS - 1)  # past the end: the last load again, unused
-                w_next2 = tl.load(qp_ptr + nkb * (32 * LW) + w_off)
-                xa_next2, xb_next2 = _load_b(x_ptr, nkb, x_off, LW)
-            elif DEPTH == 1:
+            if DEPTH == 1:
                 w, xa, xb = w_next, xa_next, xb_next
                 # The next load goes out before this one's MMAs (past the end: the last one, unused).
                 nkb = tl.minimum(kb + 1, LOADS - 1)
@@ -259,6 +249,8 @@ def launch_mma(
     groups = k // group
     per_split = triton.cdiv(groups, max(1, tiles.split_k))
     split = triton.cdiv(groups, per_split)
+    if tiles.depth not in (0, 1):
+        raise ValueError(f"depth must be 0 or 1, got {tiles.depth}")
     if (n // 16) % tiles.num_warps:
         raise ValueError(f"num_warps {tiles.num_warps} must divide the {n // 16} column tiles")
     blocks = n // 16 // tiles.num_warps
