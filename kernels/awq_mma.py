@@ -197,26 +197,27 @@ def _mma_kernel(
         a1 += s0 * (16.0 * d1 - (16.0 + z0) * x1)
         a2 += s1 * (16.0 * d2 - (16.0 + z1) * x2)
         a3 += s1 * (16.0 * d3 - (16.0 + z1) * x3)
-    m0 = 2 * t
-    _store(a0, out_ptr, acc_ptr, count_ptr, pid_n, m0 * N + n0, nt_ok & (m0 < M), SPLIT_K, 0)
-    _store(a1, out_ptr, acc_ptr, count_ptr, pid_n, (m0 + 1) * N + n0, nt_ok & (m0 + 1 < M), SPLIT_K, 0)
-    _store(a2, out_ptr, acc_ptr, count_ptr, pid_n, m0 * N + n0 + 8, nt_ok & (m0 < M), SPLIT_K, 0)
-    _store(a3, out_ptr, acc_ptr, count_ptr, pid_n, (m0 + 1) * N + n0 + 8, nt_ok & (m0 + 1 < M), SPLIT_K, 0)
+    m0 = 2 * t  # D fragment columns: x rows 2t, 2t + 1
+    _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, nt_ok, M, N, SPLIT_K, 0)
     if SPLIT_K > 1:
         tl.debug_barrier()  # every thread's adds are issued before the one release below
         arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:
-            _store(a0, out_ptr, acc_ptr, count_ptr, pid_n, m0 * N + n0, nt_ok & (m0 < M), SPLIT_K, 1)
-            _store(a1, out_ptr, acc_ptr, count_ptr, pid_n, (m0 + 1) * N + n0, nt_ok & (m0 + 1 < M),
-                   SPLIT_K, 1)  # fmt: skip
-            _store(a2, out_ptr, acc_ptr, count_ptr, pid_n, m0 * N + n0 + 8, nt_ok & (m0 < M), SPLIT_K, 1)
-            _store(a3, out_ptr, acc_ptr, count_ptr, pid_n, (m0 + 1) * N + n0 + 8, nt_ok & (m0 + 1 < M),
-                   SPLIT_K, 1)  # fmt: skip
+            _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, nt_ok, M, N, SPLIT_K, 1)
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
-def _store(a, out_ptr, acc_ptr, count_ptr, pid_n, off, ok, SPLIT_K: tl.constexpr, PHASE: tl.constexpr):
+def _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, ok, M, N, SPLIT_K: tl.constexpr, PHASE: tl.constexpr):
+    """The lane's four results (x rows m0, m0 + 1; columns n0, n0 + 8) through _store."""
+    _store(a0, out_ptr, acc_ptr, m0 * N + n0, ok & (m0 < M), SPLIT_K, PHASE)
+    _store(a1, out_ptr, acc_ptr, (m0 + 1) * N + n0, ok & (m0 + 1 < M), SPLIT_K, PHASE)
+    _store(a2, out_ptr, acc_ptr, m0 * N + n0 + 8, ok & (m0 < M), SPLIT_K, PHASE)
+    _store(a3, out_ptr, acc_ptr, (m0 + 1) * N + n0 + 8, ok & (m0 + 1 < M), SPLIT_K, PHASE)
+
+
+@triton.jit
+def _store(a, out_ptr, acc_ptr, off, ok, SPLIT_K: tl.constexpr, PHASE: tl.constexpr):
     """Phase 0: y, or the share's atomic add. Phase 1 (the last share): read the sum out, zero it."""
     if SPLIT_K == 1:
         tl.store(out_ptr + off, a.to(out_ptr.dtype.element_ty), mask=ok)
