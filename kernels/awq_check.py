@@ -92,6 +92,8 @@ def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
     for warps, per_sm, depth in mma if m <= 8 else mma[:2]:
         blocks = triton.cdiv(n // 16, warps)
         yield MmaTiles(split_for(blocks, k // group, per_sm, 512), warps, depth)
+    if m > 8:  # 9..16 rows in one launch
+        yield MmaTiles(split_for(n // 16, k // group, 32, 512), 1, 1, one_pass=True)
     for bk, stages, pairs, per_sm in ((64, 3, True, 4), (32, 4, True, 2)) if m > 1 else ():
         split = split_for(triton.cdiv(n, 256), k // group, per_sm)
         yield AwqTiles(16, 256, min(bk, group), split, 4, stages, pairs)
@@ -101,7 +103,7 @@ def name_of(t: Tiles) -> str:
     if t is None:
         return "default"
     if isinstance(t, MmaTiles):
-        return f"mma s{t.split_k}/w{t.num_warps}/depth{t.depth}"
+        return f"mma s{t.split_k}/w{t.num_warps}/depth{t.depth}" + ("/one pass" if t.one_pass else "")
     if isinstance(t, GemvTiles):
         how = ("" if t.atomic else "/lastsum") + ("/prefetch" if t.prefetch else "")
         return f"gemv k{t.block_k}/s{t.split_k}/w{t.num_warps}/sub{t.sub}/st{t.num_stages}{how}"

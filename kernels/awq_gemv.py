@@ -32,7 +32,7 @@ from .pdl import launch_options, pdl_release, pdl_wait
 from .skinny_gemm import MAX_M
 
 GEMV_MAX_M = 1  # a second row of x doubles the FMAs per weight: the tensor cores take M >= 2
-ROWS_MAX = 8  # rows of one fragment-kernel launch (kernels/awq_mma.py): the atomic workspace holds them
+ROWS_MAX = 16  # rows of one fragment-kernel launch (kernels/awq_mma.py): the atomic workspace holds them
 MAX_SPLIT = 32  # K shares of a tensor-core launch: a workspace holds MAX_SPLIT partials of (16, N), so
 # of one row, 16 * MAX_SPLIT: the CUDA-core kernel's limit
 

@@ -41,6 +41,7 @@ class MmaTiles:
     split_k: int = 1
     num_warps: int = 1
     depth: int = 1  # loads (words and x) in flight ahead of the MMAs: 0 or 1 (2 measured no faster)
+    one_pass: bool = False  # 9..16 rows in one launch (each weight read once), not two of 8
 
 
 _MMA = tl.constexpr(
@@ -85,6 +86,17 @@ def _block(w, b0, b1, ones, d0, d1, d2, d3, x0, x1, x2, x3):
 
 
 @triton.jit
+def _block2(w, b0, b1, c0, c1, ones, d0, d1, d2, d3, x0, x1, x2, x3, e0, e1, e2, e3, u0, u1, u2, u3):
+    """_block for x rows 0-7 (B = b) and 8-15 (B = c), the unit values made once."""
+    a0, a1, a2, a3 = _unit(w, UNIT0), _unit(w, UNIT1), _unit(w, UNIT2), _unit(w, UNIT3)
+    d0, d1, d2, d3 = _mma(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3)
+    e0, e1, e2, e3 = _mma(a0, a1, a2, a3, c0, c1, e0, e1, e2, e3)
+    x0, x1, x2, x3 = _mma(ones, ones, ones, ones, b0, b1, x0, x1, x2, x3)
+    u0, u1, u2, u3 = _mma(ones, ones, ones, ones, c0, c1, u0, u1, u2, u3)
+    return d0, d1, d2, d3, x0, x1, x2, x3, e0, e1, e2, e3, u0, u1, u2, u3
+
+
+@triton.jit
 def _quad(t):
     """(L, 4) -> four (L,) columns (in-thread: no data moves)."""
     a, b = tl.split(tl.reshape(t, (t.shape[0], 2, 2)))  # columns (0, 2) and (1, 3)
@@ -121,6 +133,7 @@ def _mma_kernel(
     NW: tl.constexpr,
     SPLIT_K: tl.constexpr,
     DEPTH: tl.constexpr,
+    MB: tl.constexpr,  # blocks of 8 x rows: 1, or 2 for 9..16 rows (each weight streamed once)
     PDL: tl.constexpr,
 ):
     L: tl.constexpr = 32 * NW  # lanes of the program; warp w takes column tile pid_n * NW + w
@@ -140,6 +153,7 @@ def _mma_kernel(
     w_off = (nt * TILE_WORDS + (lane % 32) * LW)[:, None] + tl.arange(0, LW)[None, :]  # (L, LW)
     # B columns past M read row M - 1 again (their outputs are never stored): no masks, no zero fills.
     x_off = (tl.minimum(g, M - 1) * (K // 2) + t * (2 * LW))[:, None] + c4[None, :]  # (L, 4): blocks 0, 1
+    x_off2 = (tl.minimum(g + 8, M - 1) * (K // 2) + t * (2 * LW))[:, None] + c4[None, :]  # rows 8-15
     z_shift = (g // 2) * 4 + (g % 2) * 16  # column g of a word: AutoAWQ's nibble order
     ones = tl.full((L,), BF16_ONES, tl.int32)
     LOADS: tl.constexpr = K // (16 * LW)
@@ -150,10 +164,17 @@ def _mma_kernel(
     pdl_wait(PDL)  # x is the previous kernel's output
     if DEPTH == 1:
         xa_next, xb_next = _load_b(x_ptr, kb0, x_off, LW)
+        if MB == 2:
+            xc_next, xd_next = _load_b(x_ptr, kb0, x_off2, LW)
     a0 = tl.zeros((L,), tl.float32)
     a1 = tl.zeros((L,), tl.float32)
     a2 = tl.zeros((L,), tl.float32)
     a3 = tl.zeros((L,), tl.float32)
+    if MB == 2:
+        a4 = tl.zeros((L,), tl.float32)
+        a5 = tl.zeros((L,), tl.float32)
+        a6 = tl.zeros((L,), tl.float32)
+        a7 = tl.zeros((L,), tl.float32)
     for grp in range(g_lo, g_hi):
         zw0 = tl.load(qz_ptr + grp * (N // 8) + nt * 2)
         zw1 = tl.load(qz_ptr + grp * (N // 8) + nt * 2 + 1)
@@ -167,6 +188,15 @@ def _mma_kernel(
         x1 = tl.zeros((L,), tl.float32)
         x2 = tl.zeros((L,), tl.float32)
         x3 = tl.zeros((L,), tl.float32)
+        if MB == 2:
+            e0 = tl.zeros((L,), tl.float32)
+            e1 = tl.zeros((L,), tl.float32)
+            e2 = tl.zeros((L,), tl.float32)
+            e3 = tl.zeros((L,), tl.float32)
+            u0 = tl.zeros((L,), tl.float32)
+            u1 = tl.zeros((L,), tl.float32)
+            u2 = tl.zeros((L,), tl.float32)
+            u3 = tl.zeros((L,), tl.float32)
         for ld in range(LPG):
             kb = grp * LPG + ld  # load index: rows 16 LW kb ..
             if DEPTH == 1:
@@ -175,21 +205,44 @@ def _mma_kernel(
                 nkb = tl.minimum(kb + 1, LOADS - 1)
                 w_next = tl.load(qp_ptr + nkb * (32 * LW) + w_off)
                 xa_next, xb_next = _load_b(x_ptr, nkb, x_off, LW)
+                if MB == 2:
+                    xc, xd = xc_next, xd_next
+                    xc_next, xd_next = _load_b(x_ptr, nkb, x_off2, LW)
             else:
                 w = tl.load(qp_ptr + kb * (32 * LW) + w_off)  # (L, LW)
                 xa, xb = _load_b(x_ptr, kb, x_off, LW)
+                if MB == 2:
+                    xc, xd = _load_b(x_ptr, kb, x_off2, LW)
             xa0, xa1, xa2, xa3 = _quad(xa)
             if LW == 4:
                 xb0, xb1, xb2, xb3 = _quad(xb)
                 w0, w1, w2, w3 = _quad(w)
+            else:
+                w0, w1 = tl.split(w)
+            if MB == 1 and LW == 4:
                 d0, d1, d2, d3, x0, x1, x2, x3 = _block(w0, xa0, xa1, ones, d0, d1, d2, d3, x0, x1, x2, x3)
                 d0, d1, d2, d3, x0, x1, x2, x3 = _block(w1, xa2, xa3, ones, d0, d1, d2, d3, x0, x1, x2, x3)
                 d0, d1, d2, d3, x0, x1, x2, x3 = _block(w2, xb0, xb1, ones, d0, d1, d2, d3, x0, x1, x2, x3)
                 d0, d1, d2, d3, x0, x1, x2, x3 = _block(w3, xb2, xb3, ones, d0, d1, d2, d3, x0, x1, x2, x3)
-            else:  # LW == 2
-                w0, w1 = tl.split(w)
+            elif MB == 1:  # LW == 2
                 d0, d1, d2, d3, x0, x1, x2, x3 = _block(w0, xa0, xa1, ones, d0, d1, d2, d3, x0, x1, x2, x3)
                 d0, d1, d2, d3, x0, x1, x2, x3 = _block(w1, xa2, xa3, ones, d0, d1, d2, d3, x0, x1, x2, x3)
+            else:
+                xc0, xc1, xc2, xc3 = _quad(xc)
+                acc = _block2(w0, xa0, xa1, xc0, xc1, ones, d0, d1, d2, d3, x0, x1, x2, x3,
+                              e0, e1, e2, e3, u0, u1, u2, u3)  # fmt: skip
+                d0, d1, d2, d3, x0, x1, x2, x3, e0, e1, e2, e3, u0, u1, u2, u3 = acc
+                acc = _block2(w1, xa2, xa3, xc2, xc3, ones, d0, d1, d2, d3, x0, x1, x2, x3,
+                              e0, e1, e2, e3, u0, u1, u2, u3)  # fmt: skip
+                d0, d1, d2, d3, x0, x1, x2, x3, e0, e1, e2, e3, u0, u1, u2, u3 = acc
+                if LW == 4:
+                    xd0, xd1, xd2, xd3 = _quad(xd)
+                    acc = _block2(w2, xb0, xb1, xd0, xd1, ones, d0, d1, d2, d3, x0, x1, x2, x3,
+                                  e0, e1, e2, e3, u0, u1, u2, u3)  # fmt: skip
+                    d0, d1, d2, d3, x0, x1, x2, x3, e0, e1, e2, e3, u0, u1, u2, u3 = acc
+                    acc = _block2(w3, xb2, xb3, xd2, xd3, ones, d0, d1, d2, d3, x0, x1, x2, x3,
+                                  e0, e1, e2, e3, u0, u1, u2, u3)  # fmt: skip
+                    d0, d1, d2, d3, x0, x1, x2, x3, e0, e1, e2, e3, u0, u1, u2, u3 = acc
         z0 = ((zw0 >> z_shift) & 0xF).to(tl.float32)
         z1 = ((zw1 >> z_shift) & 0xF).to(tl.float32)
         # D fragment: (n0, m 2t), (n0, 2t + 1), (n0 + 8, 2t), (n0 + 8, 2t + 1); X likewise (rows equal).
@@ -197,13 +250,22 @@ def _mma_kernel(
         a1 += s0 * (16.0 * d1 - (16.0 + z0) * x1)
         a2 += s1 * (16.0 * d2 - (16.0 + z1) * x2)
         a3 += s1 * (16.0 * d3 - (16.0 + z1) * x3)
+        if MB == 2:  # x rows 8 + 2t, 9 + 2t
+            a4 += s0 * (16.0 * e0 - (16.0 + z0) * u0)
+            a5 += s0 * (16.0 * e1 - (16.0 + z0) * u1)
+            a6 += s1 * (16.0 * e2 - (16.0 + z1) * u2)
+            a7 += s1 * (16.0 * e3 - (16.0 + z1) * u3)
     m0 = 2 * t  # D fragment columns: x rows 2t, 2t + 1
     _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, nt_ok, M, N, SPLIT_K, 0)
+    if MB == 2:
+        _finish(a4, a5, a6, a7, out_ptr, acc_ptr, m0 + 8, n0, nt_ok, M, N, SPLIT_K, 0)
     if SPLIT_K > 1:
         tl.debug_barrier()  # every thread's adds are issued before the one release below
         arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:
             _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, nt_ok, M, N, SPLIT_K, 1)
+            if MB == 2:
+                _finish(a4, a5, a6, a7, out_ptr, acc_ptr, m0 + 8, n0, nt_ok, M, N, SPLIT_K, 1)
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
@@ -243,8 +305,8 @@ def launch_mma(
     """One launch on the fragment layout; x bf16 (M <= 8, K), shapes checked by the caller."""
     m, k = x.shape
     n = scales.shape[1]
-    if x.dtype != torch.bfloat16 or not 1 <= m <= MMA_MAX_M:
-        raise ValueError(f"the fragment kernel takes 1..{MMA_MAX_M} rows of bf16 x, got {m} of {x.dtype}")
+    if x.dtype != torch.bfloat16 or not 1 <= m <= 2 * MMA_MAX_M:
+        raise ValueError(f"the fragment kernel takes 1..{2 * MMA_MAX_M} rows of bf16 x, got {m} of {x.dtype}")
     if packed.numel() != k * n // 8:
         raise ValueError(f"packed has {packed.numel()} words, ({k}, {n}) needs {k * n // 8}")
     groups = k // group
@@ -263,7 +325,8 @@ def launch_mma(
         acc, counts = workspace.accum, workspace.counts
     _mma_kernel[(blocks, split)](
         x.view(torch.int32), packed, qzeros, scales, out, acc, counts, m, per_split, N=n, K=k, GROUP=group,
-        LW=load_words(group), NW=tiles.num_warps, SPLIT_K=split, DEPTH=tiles.depth, PDL=pdl,
+        LW=load_words(group), NW=tiles.num_warps, SPLIT_K=split, DEPTH=tiles.depth,
+        MB=triton.cdiv(m, MMA_MAX_M), PDL=pdl,
         num_warps=tiles.num_warps, num_stages=1,
         **launch_options(pdl),
     )  # fmt: skip
@@ -298,7 +361,8 @@ def awq_mma(
     check_pdl(pdl, x.device)
     out = check_out(out, (m, n), x.dtype, x.device)
     tiles = tiles or mma_tiles(n, k, group, x.device)
-    for r in range(0, m, MMA_MAX_M):
-        rows = slice(r, min(m, r + MMA_MAX_M))
+    step = 2 * MMA_MAX_M if tiles.one_pass else MMA_MAX_M
+    for r in range(0, m, step):
+        rows = slice(r, min(m, r + step))
         launch_mma(x[rows], fragments, qzeros, scales, group, out[rows], tiles, workspace, pdl)
     return out
