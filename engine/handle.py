@@ -14,6 +14,14 @@ from lsp_dscoder.engine.api import Completion, CompletionRequest, TokenEvent
 from lsp_dscoder.engine.errors import EngineError
 
 
+def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the caller runs on `loop`'s thread (inside one of its callbacks or tasks)."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
 class CompletionHandle:
     """One submitted request: its token events as they come, then its `Completion` (or error)."""
 
@@ -62,6 +70,9 @@ class CompletionHandle:
             self._cond.notify_all()
             wakers = list(self._wakers)
         for loop, flag in wakers:
+            if on_loop(loop):  # published from the consumer's own loop: no round through its self-pipe
+                flag.set()
+                continue
             # RuntimeError: the consumer's loop has closed; nobody is listening any more.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(flag.set)

@@ -36,13 +36,14 @@ from typing import Any
 from lsp_dscoder.engine.api import Completion, CompletionRequest, StopReason
 from lsp_dscoder.engine.checkpoint import resolve_model
 from lsp_dscoder.engine.errors import ContextOverflowError, EngineClosedError, EngineError
+from lsp_dscoder.engine.handle import on_loop
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.remote_config import RemoteConfig
 from lsp_dscoder.remote_exchange import FAILURES, Exchanges
 from lsp_dscoder.remote_handle import RemoteHandle
 from lsp_dscoder.remote_health import Health, Notify
 from lsp_dscoder.remote_http import Body, Endpoint, RemoteError, check_status, describe, model_ids, read_head
-from lsp_dscoder.remote_pool import ConnectionPool, on_loop
+from lsp_dscoder.remote_pool import ConnectionPool
 from lsp_dscoder.remote_stream import StreamDecoder
 from lsp_dscoder.remote_wire import TRACE_ENV, RequestWriter, Wire
 from lsp_dscoder.settings import Settings

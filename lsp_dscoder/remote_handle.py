@@ -4,18 +4,16 @@ the timer that gives up on a silent endpoint."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 
-from lsp_dscoder.engine.api import Completion, CompletionRequest, TokenEvent
-from lsp_dscoder.engine.errors import EngineError
+from lsp_dscoder.engine.api import CompletionRequest, TokenEvent
 from lsp_dscoder.engine.handle import CompletionHandle
-from lsp_dscoder.remote_pool import Connection, on_loop
+from lsp_dscoder.remote_pool import Connection
 
 
 class RemoteHandle(CompletionHandle):
     """A CompletionHandle whose cancel also cuts the HTTP stream, so the engine stops at once. Its events
-    are published on the loop that reads the stream; a consumer on that loop is woken directly."""
+    are published on the loop that reads the stream (a consumer on that loop is woken directly)."""
 
     def __init__(self, request: CompletionRequest, seq: int) -> None:
         super().__init__(request)
@@ -48,27 +46,6 @@ class RemoteHandle(CompletionHandle):
         with self._cond:
             self._events.extend(events[:-1])
         self._publish(event=events[-1])
-
-    def _publish(
-        self,
-        event: TokenEvent | None = None,
-        result: Completion | None = None,
-        error: EngineError | None = None,
-    ) -> None:
-        with self._cond:
-            if event is not None:
-                self._events.append(event)
-            if result is not None or error is not None:
-                self._result, self._error, self._done = result, error, True
-            self._cond.notify_all()
-            wakers = list(self._wakers)
-        for loop, flag in wakers:
-            if on_loop(loop):  # the server's handler: no round through the loop's self-pipe
-                flag.set()
-            else:
-                # RuntimeError: the consumer's loop has closed; nobody is listening any more.
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(flag.set)
 
 
 class Watchdog:

@@ -15,6 +15,7 @@ import socket
 import ssl
 from collections.abc import Callable
 
+from lsp_dscoder.engine.handle import on_loop
 from lsp_dscoder.remote_http import Endpoint
 
 _IDLE_MAX = 4  # kept-alive connections per endpoint; more requests at once than this open new ones
@@ -22,14 +23,6 @@ _IDLE_MAX = 4  # kept-alive connections per endpoint; more requests at once than
 # after a few seconds: llama.cpp and uvicorn after 5 s); one closed sooner is not (a server that closes
 # every connection at once would be asked in a loop)
 _SPARE_RENEW_S = 1.0
-
-
-def on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether the caller runs on `loop`'s thread (inside one of its callbacks or tasks)."""
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
 
 
 class _Protocol(asyncio.StreamReaderProtocol):
