@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,34 @@ class Snapshot:
     cursor: int  # offset into `text`
     language_id: str | None
     context: Callable[[], Sequence[ContextFile]]  # other open documents, read only if needed
+
+
+class Started:
+    """A completion request once it has been started: await `result()` for the suggestion ('' or None for
+    none); `abandon()` when the client cancelled it (the engine stops unless another request listens)."""
+
+    def __init__(
+        self,
+        record: RequestRecord,
+        sub: Subscriber | None = None,
+        gen: Generation | None = None,
+        debounce: Callable[[], Awaitable[Started]] | None = None,
+    ) -> None:
+        self.record = record
+        self.sub = sub
+        self.gen = gen
+        self._debounce = debounce
+
+    async def result(self) -> str | None:
+        if self._debounce is not None:
+            later = await self._debounce()
+            self.sub, self.gen, self._debounce = later.sub, later.gen, None
+        return None if self.sub is None else await self.sub.future
+
+    def abandon(self) -> None:
+        self.record.responded(Outcome.CANCELLED)
+        if self.gen is not None and self.sub is not None:
+            self.gen.detach(self.sub)
 
 
 class Completer:
@@ -81,39 +109,44 @@ class Completer:
         for uri in list(self.sessions):
             self.closed(uri)
 
-    async def complete(self, snap: Snapshot, request_id: Any, send_partial: SendPartial) -> str | None:
-        """The suggestion for `snap` ('' or None for none). Raises CancelledError when the client
-        cancels; the engine's cancel flag is set before it propagates."""
+    def begin(self, snap: Snapshot, request_id: Any, send_partial: SendPartial) -> Started:
+        """Start answering `snap` now (typing through, latest wins, the prompt and the engine's submit run
+        before this returns); the returned `Started` is awaited for the suggestion."""
         record = self.stats.begin(request_id, snap.uri, snap.version)
         session = self.sessions.setdefault(snap.uri, DocumentSession(snap.uri))
         session.latest = request_id
         sub = Subscriber(request_id, snap.version, 0, send_partial, record)
         gen = session.generation
-        try:
-            if gen is not None and (typed := gen.typed_through(snap.text, snap.cursor)) is not None:
-                record.source, sub.skip = Source.MEMORY, typed
-                gen.subscribe(sub)
-                return await sub.future
-            if gen is not None:
-                gen.cancel()  # latest wins
-            if not self.host.ready:
-                record.responded(Outcome.NOT_READY)
-                return None
-            if self.settings.debounce_ms:
-                await asyncio.sleep(self.settings.debounce_ms / 1000.0)
-                if session.latest != request_id or session.version not in (None, snap.version):
-                    record.responded(Outcome.SUPERSEDED)
-                    return None
-            gen = self._start(session, snap, record)
-            if gen is None:
-                return None
+        if gen is not None and (typed := gen.typed_through(snap.text, snap.cursor)) is not None:
+            record.source, sub.skip = Source.MEMORY, typed
             gen.subscribe(sub)
-            return await sub.future
-        except asyncio.CancelledError:
-            record.responded(Outcome.CANCELLED)
-            if gen is not None:
-                gen.detach(sub)
-            raise
+            return Started(record, sub, gen)
+        if gen is not None:
+            gen.cancel()  # latest wins
+        if not self.host.ready:
+            record.responded(Outcome.NOT_READY)
+            return Started(record)
+        if self.settings.debounce_ms:
+            return Started(record, sub, debounce=lambda: self._debounced(session, snap, record, sub))
+        return self._started(session, snap, record, sub)
+
+    def _started(
+        self, session: DocumentSession, snap: Snapshot, record: RequestRecord, sub: Subscriber
+    ) -> Started:
+        gen = self._start(session, snap, record)
+        if gen is None:
+            return Started(record)
+        gen.subscribe(sub)
+        return Started(record, sub, gen)
+
+    async def _debounced(
+        self, session: DocumentSession, snap: Snapshot, record: RequestRecord, sub: Subscriber
+    ) -> Started:
+        await asyncio.sleep(self.settings.debounce_ms / 1000.0)
+        if session.latest != sub.request_id or session.version not in (None, snap.version):
+            record.responded(Outcome.SUPERSEDED)
+            return Started(record)
+        return self._started(session, snap, record, sub)
 
     def _start(self, session: DocumentSession, snap: Snapshot, record: RequestRecord) -> Generation | None:
         started = time.monotonic()

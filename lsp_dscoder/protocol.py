@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import itertools
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Generic, TypeVar, cast
 
 from lsprotocol import types
 from pygls.exceptions import FeatureRequestError, JsonRpcException
@@ -30,11 +31,11 @@ from lsp_dscoder.settings import CompletionFallback, Settings
 from lsp_dscoder.stats import Stats
 
 PARTIAL_COMPLETION = "dscoder/partialCompletion"
+T = TypeVar("T")
 STATS = "dscoder/stats"
 
 log = logging.getLogger(__name__)
 _SYNC = (types.TEXT_DOCUMENT_DID_OPEN, types.TEXT_DOCUMENT_DID_CHANGE)
-_AT_POSITION = (types.TEXT_DOCUMENT_INLINE_COMPLETION, types.TEXT_DOCUMENT_COMPLETION)
 
 
 class _Refused:
@@ -47,6 +48,27 @@ class _Direct:
 
     def __init__(self, run: Callable[[], None]) -> None:
         self.run = run
+
+
+class Answer(Generic[T]):
+    """The rest of a completion request that was started when it was read: `coro` gives the result;
+    `abandon` (None: nothing to stop) is called if the client cancels the request."""
+
+    def __init__(self, coro: Coroutine[Any, Any, T], abandon: Callable[[], None] | None) -> None:
+        self.coro = coro
+        self.abandon = abandon
+
+    async def run(self) -> T:
+        try:
+            return await self.coro
+        except asyncio.CancelledError:
+            if self.abandon is not None:
+                self.abandon()
+            raise
+
+
+# (server, params) -> Answer: a completion request's start, run as the request is read
+Starter = Callable[["DscoderServer", Any], Answer[Any]]
 
 
 class DocumentProtocol(DscoderProtocol):
@@ -89,18 +111,31 @@ class DocumentProtocol(DscoderProtocol):
             return
         if isinstance(message, _Refused):
             return
-        if getattr(message, "method", None) in _AT_POSITION and hasattr(message, "id"):
-            # pygls starts an async handler on a later turn of the loop, after the edits that follow the
-            # request in the same read have been applied: the handler's task, created now, keeps a copy
-            # of the context and with it the version the request was made for (as pygls does its msg_id).
-            self._server.arrival.set(self._server.documents.state(message.params.text_document.uri))
-            if not self._shutdown and message.jsonrpc == "2.0":
-                # What pygls' handle_message does for a request, without its isinstance checks against
-                # runtime protocols (tens of microseconds on every keystroke).
-                run = contextvars.copy_context().run
-                run(self._handle_request, message.id, message.method, message.params)
-                return
+        method = getattr(message, "method", None)
+        starter = self._server.starters.get(method) if method is not None else None
+        if starter is not None and hasattr(message, "id") and not self._shutdown and message.jsonrpc == "2.0":
+            contextvars.copy_context().run(self._start_on_arrival, message.id, starter, message.params)
+            return
         super().handle_message(message)
+
+    def _start_on_arrival(self, msg_id: Any, starter: Starter, params: Any) -> None:
+        """Run a completion request's start now (prompt and engine submit included), before the messages
+        read after it; its answer is awaited in a task. pygls would create the handler's task and start
+        it on a later turn of the loop: one more stage on every keystroke's way to the engine."""
+        self._ctx_msg_id.set(msg_id)  # the request id pygls' `msg_id` reports, in this context and its task
+        try:
+            answer = starter(self._server, params)
+        except Exception as exc:  # answered as pygls answers a handler's exception
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            failed.add_done_callback(functools.partial(self._send_handler_result, msg_id=msg_id))
+            return
+        task = asyncio.ensure_future(answer.coro)
+        self._request_futures[msg_id] = cast(Any, task)  # pygls keeps asyncio tasks here too
+        task.add_done_callback(functools.partial(self._send_handler_result, msg_id=msg_id))
+        if answer.abandon is not None:
+            abandon = answer.abandon
+            task.add_done_callback(lambda t: abandon() if t.cancelled() else None)
 
     def _execute_handler(
         self,
@@ -167,15 +202,13 @@ class DscoderServer(LanguageServer):
         self.settings = base
         self.stats = Stats()
         self.documents = Documents()
-        # (serial, version) of the document when the request being handled arrived (None: not open)
-        self.arrival: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
-            "arrival", default=None
-        )
+        self.starters: dict[str, Starter] = {}  # per request method: started as the request is read
         self.host = EngineHost()
         self.completer = Completer(self.host, base, self.stats)
         self.shutdown_requested = False
         self.exit_code = 0
         self.loading: asyncio.Future[None] | None = None
+        self.configuring: asyncio.Future[None] | None = None  # settings being asked of the client
         self._progress_ids = itertools.count(1)
         self._encoding: Encoding | None = None
 

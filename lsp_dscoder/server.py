@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
 
 from lsp_dscoder import settings as settings_mod
-from lsp_dscoder.completer import Snapshot
+from lsp_dscoder.completer import Snapshot, Started
+from lsp_dscoder.documents import Document
 from lsp_dscoder.errors import DocumentOutOfSyncError, ProtocolMisuse
 from lsp_dscoder.positions import units
-from lsp_dscoder.protocol import PARTIAL_COMPLETION, STATS, DscoderServer
+from lsp_dscoder.protocol import PARTIAL_COMPLETION, STATS, Answer, DscoderServer
 from lsp_dscoder.settings import Settings
-from lsp_dscoder.stats import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -32,21 +33,22 @@ def _word_start(text: str, cursor: int) -> int:
     return start
 
 
-async def _suggest(
-    ls: DscoderServer, uri: str, position: types.Position
-) -> tuple[Snapshot, types.Position, str] | None:
-    """The suggestion for a position and the cursor's position, or None when there is none or the
-    document changed meanwhile."""
+@dataclass
+class _Begun:
+    """A completion request started on arrival; its suggestion is still to come."""
+
+    doc: Document
+    snap: Snapshot
+    at: types.Position  # the cursor, as the answer's range reports it
+    started: Started
+
+
+def _begin(ls: DscoderServer, uri: str, position: types.Position) -> _Begun | None:
+    """Start the suggestion for a position (None when there is none to give). Runs when the request is
+    read, before the messages after it: the document is the version the request was made for."""
     request_id = ls.protocol.msg_id
-    arrived = ls.arrival.get()
     try:
         doc = ls.document(uri)
-        if arrived is not None and arrived != (doc.serial, doc.version):
-            # Edits that came after the request were applied before its handler started: its position
-            # refers to text that is gone, and the editor has asked again (or will).
-            record = ls.stats.begin(request_id, uri, arrived[1])
-            record.responded(Outcome.SUPERSEDED)
-            return None
         snap, at = ls.snapshot(doc, position)
     except DocumentOutOfSyncError as exc:
         log.info("request %s: %s", request_id, exc)
@@ -60,10 +62,72 @@ async def _suggest(
         params = {"requestId": request_id, "uri": uri, "version": snap.version, "position": where}
         ls.protocol.notify_json(PARTIAL_COMPLETION, {**params, "text": text, "done": done})
 
-    text = await ls.completer.complete(snap, request_id, send_partial)
-    if not text or not ls.is_current(doc, snap):
+    return _Begun(doc, snap, at, ls.completer.begin(snap, request_id, send_partial))
+
+
+async def _suggestion(ls: DscoderServer, begun: _Begun | None) -> tuple[Snapshot, types.Position, str] | None:
+    """The started request's suggestion and the cursor's position, or None when there is none or the
+    document changed meanwhile."""
+    if begun is None:
         return None
-    return snap, at, text
+    text = await begun.started.result()
+    if not text or not ls.is_current(begun.doc, begun.snap):
+        return None
+    return begun.snap, begun.at, text
+
+
+def _inline_answer(found: tuple[Snapshot, types.Position, str] | None) -> types.InlineCompletionList | None:
+    if found is None:
+        return None
+    _, at, text = found
+    item = types.InlineCompletionItem(insert_text=text, range=types.Range(start=at, end=at))
+    return types.InlineCompletionList(items=[item])
+
+
+def _completion_answer(
+    ls: DscoderServer, found: tuple[Snapshot, types.Position, str] | None
+) -> types.CompletionList | None:
+    if found is None:
+        return None
+    snap, at, text = found
+    start = _word_start(snap.text, snap.cursor)
+    word = snap.text[start : snap.cursor]  # on the cursor's line: no line breaks
+    start_at = types.Position(line=at.line, character=at.character - units(word, ls.encoding))
+    label = (word + text).strip().split("\n", 1)[0]
+    item = types.CompletionItem(
+        label=label,
+        kind=types.CompletionItemKind.Text,
+        detail="dscoder",
+        filter_text=word + text,
+        insert_text_format=types.InsertTextFormat.PlainText,
+        text_edit=types.TextEdit(range=types.Range(start=start_at, end=at), new_text=word + text),
+    )
+    return types.CompletionList(is_incomplete=True, items=[item])
+
+
+def start_inline(
+    ls: DscoderServer, params: types.InlineCompletionParams
+) -> Answer[types.InlineCompletionList | None]:
+    begun = _begin(ls, params.text_document.uri, params.position)
+
+    async def answer() -> types.InlineCompletionList | None:
+        return _inline_answer(await _suggestion(ls, begun))
+
+    return Answer(answer(), begun.started.abandon if begun is not None else None)
+
+
+def start_completion(
+    ls: DscoderServer, params: types.CompletionParams
+) -> Answer[types.CompletionList | None]:
+    if not ls.completion_items_wanted():
+        begun = None  # the client shows inline completions: items would fill its suggest widget
+    else:
+        begun = _begin(ls, params.text_document.uri, params.position)
+
+    async def answer() -> types.CompletionList | None:
+        return _completion_answer(ls, await _suggestion(ls, begun))
+
+    return Answer(answer(), begun.started.abandon if begun is not None else None)
 
 
 def _apply_settings(ls: DscoderServer, raw: Any, *, reload: bool) -> None:
@@ -92,13 +156,21 @@ def create_server(base: Settings) -> DscoderServer:
         await ls.loading
 
     @ls.feature(types.WORKSPACE_DID_CHANGE_CONFIGURATION)
-    async def did_change_configuration(ls: DscoderServer, params: types.DidChangeConfigurationParams) -> None:
+    def did_change_configuration(ls: DscoderServer, params: types.DidChangeConfigurationParams) -> None:
+        # Applied before the next message is read (completion requests start as they are read), unless
+        # the settings must first be asked of the client.
         raw = params.settings
         caps = ls.client_capabilities.workspace
-        if not settings_mod.section(raw) and caps is not None and caps.configuration:
+        if settings_mod.section(raw) or caps is None or not caps.configuration:
+            _apply_settings(ls, raw, reload=True)
+            return
+
+        async def ask() -> None:
             item = types.ConfigurationItem(section=settings_mod.SECTION)
-            raw = (await ls.workspace_configuration_async(types.ConfigurationParams(items=[item])))[0]
-        _apply_settings(ls, raw, reload=True)
+            asked = await ls.workspace_configuration_async(types.ConfigurationParams(items=[item]))
+            _apply_settings(ls, asked[0], reload=True)
+
+        ls.configuring = asyncio.ensure_future(ask())
 
     @ls.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: DscoderServer, params: types.DidOpenTextDocumentParams) -> None:
@@ -117,38 +189,20 @@ def create_server(base: Settings) -> DscoderServer:
         ls.documents.close(params.text_document.uri)
         ls.completer.closed(params.text_document.uri)
 
+    # Both run through `start_*` when the request is read (protocol.py); these are pygls' registrations
+    # (they advertise the capabilities) and its path for any request that does not start on arrival.
     @ls.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(
         ls: DscoderServer, params: types.InlineCompletionParams
     ) -> types.InlineCompletionList | None:
-        found = await _suggest(ls, params.text_document.uri, params.position)
-        if found is None:
-            return None
-        _, at, text = found
-        item = types.InlineCompletionItem(insert_text=text, range=types.Range(start=at, end=at))
-        return types.InlineCompletionList(items=[item])
+        return await start_inline(ls, params).run()
 
     @ls.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions())
     async def completion(ls: DscoderServer, params: types.CompletionParams) -> types.CompletionList | None:
-        if not ls.completion_items_wanted():
-            return None  # the client shows inline completions: items would fill its suggest widget
-        found = await _suggest(ls, params.text_document.uri, params.position)
-        if found is None:
-            return None
-        snap, at, text = found
-        start = _word_start(snap.text, snap.cursor)
-        word = snap.text[start : snap.cursor]  # on the cursor's line: no line breaks
-        start_at = types.Position(line=at.line, character=at.character - units(word, ls.encoding))
-        label = (word + text).strip().split("\n", 1)[0]
-        item = types.CompletionItem(
-            label=label,
-            kind=types.CompletionItemKind.Text,
-            detail="dscoder",
-            filter_text=word + text,
-            insert_text_format=types.InsertTextFormat.PlainText,
-            text_edit=types.TextEdit(range=types.Range(start=start_at, end=at), new_text=word + text),
-        )
-        return types.CompletionList(is_incomplete=True, items=[item])
+        return await start_completion(ls, params).run()
+
+    ls.starters[types.TEXT_DOCUMENT_INLINE_COMPLETION] = start_inline
+    ls.starters[types.TEXT_DOCUMENT_COMPLETION] = start_completion
 
     @ls.feature(STATS)
     def stats(ls: DscoderServer, params: Any) -> dict[str, Any]:

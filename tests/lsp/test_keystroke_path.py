@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -51,8 +52,8 @@ class Writes:
         return out
 
 
-def serve() -> tuple[DscoderServer, Dispatcher, Writes]:
-    ls = create_server(parse({})[0])
+def serve(**options: Any) -> tuple[DscoderServer, Dispatcher, Writes]:
+    ls = create_server(parse(options)[0])
     writes = Writes()
     ls.protocol.set_writer(writes)
     dispatch = Dispatcher(ls)
@@ -147,6 +148,36 @@ async def test_a_request_before_the_engine_is_ready_is_one_null_response() -> No
     await ls.protocol._request_futures[9]
     await asyncio.sleep(0)  # the response is written by the future's callback
     assert writes.messages() == [{"jsonrpc": "2.0", "id": 9, "result": None}]
+
+
+async def test_a_completion_request_starts_as_it_is_read(tiny_model: Path) -> None:
+    """The engine has the request, and a typed-through answer its partial, by the time the message that
+    carried the request has been dispatched: no turn of the loop in between."""
+    ls, dispatch, writes = serve(model=str(tiny_model), device="cpu", maxTokens=6, responseMode="full")
+    assert await ls.host.load(ls.settings, lambda message, percent: None)
+    try:
+        position = {"line": 1, "character": 4}
+        inline = {"textDocument": {"uri": URI}, "position": position, "context": {"triggerKind": 2}}
+        before = ls.host.stats()["requests"]  # the load's own warm-up requests
+        send(dispatch, {"id": 1, "method": "textDocument/inlineCompletion", "params": inline})
+        assert ls.host.stats()["requests"] == before + 1  # submitted before dispatch returned
+        first = await ls.protocol._request_futures[1]
+        assert first is not None and first.items[0].insert_text
+        shown = first.items[0].insert_text
+        await asyncio.sleep(0)  # the response is written by the future's callback
+        writes.calls.clear()
+
+        change = did_change(2, {"range": span(1, 4, 1, 4), "text": shown[0]})
+        send(dispatch, {"method": "textDocument/didChange", "params": change})
+        inline["position"] = {"line": 1, "character": 5}
+        send(dispatch, {"id": 2, "method": "textDocument/inlineCompletion", "params": inline})
+        partial = {"requestId": 2, "uri": URI, "version": 2, "position": {"line": 1, "character": 5}}
+        partial.update(text=shown[1:], done=True)
+        assert writes.messages() == [{"jsonrpc": "2.0", "method": PARTIAL_COMPLETION, "params": partial}]
+        assert ls.host.stats()["requests"] == before + 1  # typed through: from memory, not the engine
+        assert ls.stats.as_dict(1)["recent"][-1]["source"] == "memory"
+    finally:
+        ls.host.close()
 
 
 def test_canonical_headers_frame_the_same_in_any_chunking() -> None:
