@@ -73,6 +73,7 @@ class Generation:
         self.mode = mode
         self._before = text[:cursor]
         self._after = text[cursor:]
+        self._framed: str | None = None  # the last document text that `_frames` accepted
         self.pieces: list[Piece] = []  # the generated tokens, as the engine's slot will hold them
         self.rewound = 0  # prompt tokens at its end that the engine healed (spelled again) instead
         self._on_done = on_done
@@ -119,9 +120,20 @@ class Generation:
             return None
         if typed == len(self.shaper.text) and self.finished and cursor is not None:
             return None  # all of it accepted: a new request continues from the cache instead
-        if not (text.startswith(self._before) and text.endswith(self._after)):
+        if not self._frames(text):
             return None
         return typed if text.startswith(self.shaper.text[:typed], at) else None
+
+    def _frames(self, text: str) -> bool:
+        """Whether `text` is the generation's text before the cursor, then anything, then its text after.
+        The last text that passed is remembered: a request asks about the very text its didChange was
+        checked against, and each check reads the whole document."""
+        if text is self._framed:
+            return True
+        if not (text.startswith(self._before) and text.endswith(self._after)):
+            return False
+        self._framed = text
+        return True
 
     def subscribe(self, sub: Subscriber) -> None:
         for old in self.subscribers:

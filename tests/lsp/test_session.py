@@ -154,3 +154,33 @@ async def test_cancelling_an_already_superseded_request_keeps_the_generation():
     gen.detach(sub)  # a late $/cancelRequest for it
     assert not handle.cancelled and not gen.cancelled
     assert gen.typed_through(DOC[:CURSOR] + "ret" + DOC[CURSOR:]) == 3
+
+
+class CountingText(str):
+    """A document text that counts the whole-text comparisons made on it."""
+
+    passes = 0
+
+    def startswith(self, prefix, *args):  # type: ignore[no-untyped-def, override]
+        if not args:
+            CountingText.passes += 1
+        return super().startswith(prefix, *args)
+
+    def endswith(self, suffix, *args):  # type: ignore[no-untyped-def, override]
+        CountingText.passes += 1
+        return super().endswith(suffix, *args)
+
+
+async def test_the_text_a_did_change_checked_is_not_compared_again_by_its_request():
+    gen, handle, _ = start()
+    gen.subscribe(subscriber(Stats(), 1, 1, []))
+    handle.push("return x + 1", "\n")
+    await settle()
+    typed = CountingText(DOC[:CURSOR] + "ret" + DOC[CURSOR:])
+    assert gen.typed_through(typed) == 3  # didChange: the text before and after the cursor compared
+    assert CountingText.passes == 2
+    assert gen.typed_through(typed, CURSOR + 3) == 3  # its request: the same text, not compared again
+    assert CountingText.passes == 2
+    other = CountingText(DOC[:CURSOR] + "retX" + DOC[CURSOR:])
+    assert gen.typed_through(other) is None  # another text is compared
+    assert CountingText.passes == 4
