@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from functools import partial
 
 from lsp_dscoder.engine.api import Completion, CompletionRequest, TokenEvent
@@ -106,7 +106,7 @@ class CompletionHandle:
         assert self._result is not None
         return self._result
 
-    async def stream(self) -> AsyncIterator[TokenEvent]:
+    async def stream(self) -> AsyncGenerator[TokenEvent, None]:
         flag = asyncio.Event()
         entry = (asyncio.get_running_loop(), flag)
         with self._cond:

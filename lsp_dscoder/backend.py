@@ -7,7 +7,7 @@ every server module that names them) stays light at run time.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from lsp_dscoder.prompt_parts import FimTokenizer
@@ -29,7 +29,7 @@ class Handle(Protocol):
 
     def cancel(self) -> None: ...
 
-    def stream(self) -> AsyncIterator[TokenEvent]: ...
+    def stream(self) -> AsyncGenerator[TokenEvent, None]: ...
 
     async def wait(self) -> Completion: ...
 

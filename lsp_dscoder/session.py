@@ -10,8 +10,9 @@ change of their remainder and one response: at the first complete line or at the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -29,7 +30,7 @@ class Handle(Protocol):
 
     def cancel(self) -> None: ...
 
-    def stream(self) -> AsyncIterator[Any]: ...
+    def stream(self) -> AsyncGenerator[Any, None]: ...
 
     async def wait(self) -> Any: ...
 
@@ -89,15 +90,17 @@ class Generation:
     async def _pump(self) -> None:
         completion = None
         try:
-            async for event in self.handle.stream():
-                if event.token_id is not None:  # None: the decoder's flush at the end, no token
-                    self.rewound = max(self.rewound, event.rewound)
-                    self.pieces.append(Piece(event.token_id, event.piece or ""))
-                self.shaper.feed(event.text)
-                self._publish()
-                if self.shaper.stopped:
-                    self.handle.cancel()  # the suggestion is complete: free the engine
-                    break
+            # closed here, not when the loop collects it: a stream stops waking this loop once it is left
+            async with contextlib.aclosing(self.handle.stream()) as events:
+                async for event in events:
+                    if event.token_id is not None:  # None: the decoder's flush at the end, no token
+                        self.rewound = max(self.rewound, event.rewound)
+                        self.pieces.append(Piece(event.token_id, event.piece or ""))
+                    self.shaper.feed(event.text)
+                    self._publish()
+                    if self.shaper.stopped:
+                        self.handle.cancel()  # the suggestion is complete: free the engine
+                        break
             completion = await self.handle.wait()
         except self._errors as exc:
             log.error("generation failed: %s", exc)
