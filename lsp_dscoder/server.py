@@ -17,10 +17,11 @@ from pygls.exceptions import JsonRpcInvalidParams
 
 from lsp_dscoder import settings as settings_mod
 from lsp_dscoder.completer import Snapshot, Started
+from lsp_dscoder.dispatch import Answer
 from lsp_dscoder.documents import Document
 from lsp_dscoder.errors import DocumentOutOfSyncError, ProtocolMisuse
 from lsp_dscoder.positions import units
-from lsp_dscoder.protocol import PARTIAL_COMPLETION, STATS, Answer, DscoderServer
+from lsp_dscoder.protocol import PARTIAL_COMPLETION, STATS, DscoderServer
 from lsp_dscoder.settings import Settings
 
 log = logging.getLogger(__name__)
