@@ -9,7 +9,15 @@ from typing import Any
 
 import torch
 
-from lsp_dscoder.engine.step_graphs import MAX_PARTS, PART_BYTES, StepGraph, part_bounds, part_count
+from lsp_dscoder.engine.step_graphs import (
+    MAX_PARTS,
+    MIN_PART_BYTES,
+    MIN_PARTS,
+    PART_BYTES,
+    StepGraph,
+    part_bounds,
+    part_count,
+)
 
 
 def test_part_bounds_cover_every_layer_once_in_order() -> None:
@@ -21,8 +29,10 @@ def test_part_bounds_cover_every_layer_once_in_order() -> None:
 
 
 def test_part_count_follows_the_bytes_and_skips_cuts_that_would_not_pay() -> None:
-    assert part_count(2 * PART_BYTES, 24) == 1  # 1.3B: two parts wait as long as one whole step
+    assert part_count(2 * PART_BYTES, 24) == MIN_PARTS  # 1.3B (2.4 GB): never fewer than 4 parts
+    assert part_count(4 * MIN_PART_BYTES - 1, 24) == 1  # parts too small to hide their launches
     assert part_count(4 * PART_BYTES, 32) == 4
+    assert part_count(6 * PART_BYTES, 32) == 6
     assert part_count(100 * PART_BYTES, 62) == MAX_PARTS  # 33B
     assert part_count(100 * PART_BYTES, 5) == 5  # never more parts than layers
 

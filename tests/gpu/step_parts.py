@@ -1,14 +1,15 @@
 """A step's graph in parts (engine/step_graphs.py), on the GPU: the same logits as one graph, what the
 cuts cost a decode step, and how long a stale step keeps the GPU once the engine is told to stop.
 
-    python -m tests.gpu.step_parts [--shapes 1.3b,6.7b,33b] [--ctx 4096] [--stops 40]
+    python -m tests.gpu.step_parts [--shapes 1.3b,6.7b,33b] [--ctx 4096] [--stops 40] [--parts 1,auto]
 
 Random bf16 weights of the shape, the fast path as the engine builds it (buckets 1 and 4, cuBLAS GEMMs so
-both runners compute the same kernels), one slot filled by a `ctx`-token prefill. For parts = 1 and the
-default count: the decode and 4-token logits (compared bit for bit), the decode step's replay time by
-CUDA events (median of 30), and the stop: a decode step is started, and after a random delay within one
-step `interrupted` starts saying yes; "stop" is the time from then until the GPU is idle (what a new
-keystroke would wait for), mean and p90 over `--stops` steps.
+both runners compute the same kernels), one slot filled by a `ctx`-token prefill. For each part count of
+`--parts` (default: 1 and the engine's own count; the first is the reference): the decode and 4-token
+logits (compared bit for bit), the decode step's replay time by CUDA events (median of 30), and the stop:
+a decode step is started, and after a random delay within one step `interrupted` starts saying yes;
+"stop" is the time from then until the GPU is idle (what a new keystroke would wait for), mean and p90
+over `--stops` steps.
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ def _stops(runner: Any, step_ms: float, n: int, seed: int = 0) -> list[float]:
     return waits
 
 
-def run_shape(shape: str, ctx: int, stops: int) -> list[dict[str, Any]]:
+def run_shape(shape: str, ctx: int, stops: int, counts: list[int | None]) -> list[dict[str, Any]]:
     built = build_shape(shape, with_hf=False)
     cfg = built.cfg
     results: list[dict[str, Any]] = []
     first: dict[str, torch.Tensor] = {}
-    for parts in (1, None):
+    for parts in counts:
         engine, _ = start_engine_measured(
             cfg, built.weights, ctx + 64, buckets=(1, 4), gemm="cublas", parts=parts
         )
@@ -106,10 +107,12 @@ def main() -> int:
     ap.add_argument("--shapes", default="1.3b,6.7b,33b")
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--stops", type=int, default=40)
+    ap.add_argument("--parts", default="1,auto", help="part counts to compare, the first the reference")
     args = ap.parse_args()
+    counts = [None if c == "auto" else int(c) for c in args.parts.split(",")]
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     for shape in args.shapes.split(","):
-        run_shape(shape, args.ctx, args.stops)
+        run_shape(shape, args.ctx, args.stops, counts)
     return 0
 
 
