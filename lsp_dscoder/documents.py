@@ -12,7 +12,6 @@ whole text again, by a didOpen or a full-text change.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,7 +85,6 @@ class Document:
     text: str  # sanitised: no lone surrogates
     scan: Scan = field(default_factory=Scan)
     out_of_sync: str | None = None  # why the last change was refused; None while in step with the editor
-    serial: int = 0  # tells a reopened document from the one it replaced (same URI, maybe same version)
     index: LineIndex = field(init=False)
 
     def __post_init__(self) -> None:
@@ -148,12 +146,11 @@ class Documents:
 
     def __init__(self) -> None:
         self._docs: dict[str, Document] = {}
-        self._serials = itertools.count(1)
 
     def open(self, uri: str, language_id: str | None, version: int, text: str) -> Document | None:
         """Open (or reopen: replace) a document; returns the document it replaced, if any."""
         previous = self._docs.pop(uri, None)
-        doc = Document(uri, language_id or None, check_version(version), text, serial=next(self._serials))
+        doc = Document(uri, language_id or None, check_version(version), text)
         self._docs[uri] = doc
         return previous
 
@@ -186,11 +183,6 @@ class Documents:
     def is_current(self, doc: Document, version: int | None) -> bool:
         """Whether `doc` at `version` is still what the editor has: the one version check."""
         return self._docs.get(doc.uri) is doc and doc.version == version and doc.out_of_sync is None
-
-    def state(self, uri: str) -> tuple[int, int] | None:
-        """(serial, version) of an open document: what a request was made against."""
-        doc = self._docs.get(uri)
-        return None if doc is None else (doc.serial, doc.version)
 
     def __iter__(self) -> Iterator[Document]:
         """In URI order."""
