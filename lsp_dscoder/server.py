@@ -8,9 +8,11 @@ pygls; the completer sets the engine's cancel flag and the error propagates, so 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from lsprotocol import types
 from pygls.exceptions import JsonRpcInvalidParams
@@ -32,6 +34,11 @@ def _word_start(text: str, cursor: int) -> int:
     while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
         start -= 1
     return start
+
+
+# a suggestion, the snapshot it answers and the cursor's position
+Found = tuple[Snapshot, types.Position, str]
+T = TypeVar("T")
 
 
 @dataclass
@@ -66,7 +73,7 @@ def _begin(ls: DscoderServer, uri: str, position: types.Position) -> _Begun | No
     return _Begun(doc, snap, at, ls.completer.begin(snap, request_id, send_partial))
 
 
-async def _suggestion(ls: DscoderServer, begun: _Begun | None) -> tuple[Snapshot, types.Position, str] | None:
+async def _suggestion(ls: DscoderServer, begun: _Begun | None) -> Found | None:
     """The started request's suggestion and the cursor's position, or None when there is none or the
     document changed meanwhile."""
     if begun is None:
@@ -77,7 +84,7 @@ async def _suggestion(ls: DscoderServer, begun: _Begun | None) -> tuple[Snapshot
     return begun.snap, begun.at, text
 
 
-def _inline_answer(found: tuple[Snapshot, types.Position, str] | None) -> types.InlineCompletionList | None:
+def _inline_answer(found: Found | None) -> types.InlineCompletionList | None:
     if found is None:
         return None
     _, at, text = found
@@ -85,9 +92,7 @@ def _inline_answer(found: tuple[Snapshot, types.Position, str] | None) -> types.
     return types.InlineCompletionList(items=[item])
 
 
-def _completion_answer(
-    ls: DscoderServer, found: tuple[Snapshot, types.Position, str] | None
-) -> types.CompletionList | None:
+def _completion_answer(ls: DscoderServer, found: Found | None) -> types.CompletionList | None:
     if found is None:
         return None
     snap, at, text = found
@@ -106,29 +111,28 @@ def _completion_answer(
     return types.CompletionList(is_incomplete=True, items=[item])
 
 
+def _answer(ls: DscoderServer, begun: _Begun | None, shape: Callable[[Found | None], T]) -> Answer[T]:
+    """The rest of a started request: its suggestion shaped into the method's result."""
+
+    async def answer() -> T:
+        return shape(await _suggestion(ls, begun))
+
+    return Answer(answer(), begun.started.abandon if begun is not None else None)
+
+
 def start_inline(
     ls: DscoderServer, params: types.InlineCompletionParams
 ) -> Answer[types.InlineCompletionList | None]:
-    begun = _begin(ls, params.text_document.uri, params.position)
-
-    async def answer() -> types.InlineCompletionList | None:
-        return _inline_answer(await _suggestion(ls, begun))
-
-    return Answer(answer(), begun.started.abandon if begun is not None else None)
+    return _answer(ls, _begin(ls, params.text_document.uri, params.position), _inline_answer)
 
 
 def start_completion(
     ls: DscoderServer, params: types.CompletionParams
 ) -> Answer[types.CompletionList | None]:
-    if not ls.completion_items_wanted():
-        begun = None  # the client shows inline completions: items would fill its suggest widget
-    else:
-        begun = _begin(ls, params.text_document.uri, params.position)
-
-    async def answer() -> types.CompletionList | None:
-        return _completion_answer(ls, await _suggestion(ls, begun))
-
-    return Answer(answer(), begun.started.abandon if begun is not None else None)
+    # A client that shows inline completions gets no items: they would fill its suggest widget.
+    wanted = ls.completion_items_wanted()
+    begun = _begin(ls, params.text_document.uri, params.position) if wanted else None
+    return _answer(ls, begun, functools.partial(_completion_answer, ls))
 
 
 def _apply_settings(ls: DscoderServer, raw: Any, *, reload: bool) -> None:
@@ -190,7 +194,7 @@ def create_server(base: Settings) -> DscoderServer:
         ls.documents.close(params.text_document.uri)
         ls.completer.closed(params.text_document.uri)
 
-    # Both run through `start_*` when the request is read (protocol.py); these are pygls' registrations
+    # Both run through `start_*` when the request is read (dispatch.py); these are pygls' registrations
     # (they advertise the capabilities) and its path for any request that does not start on arrival.
     @ls.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
     async def inline_completion(

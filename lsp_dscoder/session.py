@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from lsp_dscoder.backend import Handle
 from lsp_dscoder.postprocess import Shaper
 from lsp_dscoder.prompt import Head
 from lsp_dscoder.settings import ResponseMode
@@ -23,16 +24,6 @@ from lsp_dscoder.stats import Outcome, RequestRecord
 from lsp_dscoder.tokens import Piece
 
 log = logging.getLogger(__name__)
-
-
-class Handle(Protocol):
-    """What the session needs of an engine handle."""
-
-    def cancel(self) -> None: ...
-
-    def stream(self) -> AsyncGenerator[Any, None]: ...
-
-    async def wait(self) -> Any: ...
 
 
 def _future() -> asyncio.Future[str | None]:
