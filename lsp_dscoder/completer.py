@@ -113,7 +113,9 @@ class Completer:
         """Start answering `snap` now (typing through, latest wins, the prompt and the engine's submit run
         before this returns); the returned `Started` is awaited for the suggestion."""
         record = self.stats.begin(request_id, snap.uri, snap.version)
-        session = self.sessions.setdefault(snap.uri, DocumentSession(snap.uri))
+        session = self.sessions.get(snap.uri)
+        if session is None:  # not setdefault: it would build a session on every keystroke
+            session = self.sessions[snap.uri] = DocumentSession(snap.uri)
         session.latest = request_id
         sub = Subscriber(request_id, snap.version, 0, send_partial, record)
         gen = session.generation
