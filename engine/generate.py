@@ -76,8 +76,9 @@ class Healing:
         out = torch.full_like(logits, float("-inf"))
         out[..., covering] = logits[..., covering]
         # With no covering token every candidate is partial: a common handicap would change nothing.
-        handicap = math.log(self.partial_odds) if len(covering) else 0.0
-        out[..., partial] = logits[..., partial] - handicap
+        if len(partial):  # a shape, known on the host: no launches for an empty set
+            handicap = math.log(self.partial_odds) if len(covering) else 0.0
+            out[..., partial] = logits[..., partial] - handicap
         return out
 
 
@@ -204,8 +205,8 @@ def generate(
             stop = interrupted()
         if stop is None:
             held = draft[pos - match.reused] if pos - match.reused < len(draft) else None
-            if held is not None and held[0] == token and held[1] is not None:
-                logits = held[1]  # this token ran here last time: its K/V rows and logits stand
+            if held is not None and held[0] == token and held[1]:
+                logits = slot.draft_logits(pos)  # this token ran here last time: its rows and logits stand
                 replayed += 1
             else:
                 draft = ()  # from here on the rows are rewritten
@@ -214,7 +215,7 @@ def generate(
                 if logits is None:
                     stop = interrupted() or StopReason.CANCELLED
                     break
-            slot.extend((token,), logits)
+            logits = slot.extend((token,), logits)
             pos += 1
     if stop is not StopReason.STOP_STRING:
         tail = stops.push(decoder.flush())[0] + stops.flush()

@@ -55,8 +55,8 @@ class Tokenizer:
         self.fim_end_id = self._lookup(FIM_END, folder)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._heal_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None
-        self._heal_index_cache: OrderedDict[tuple[str, torch.device], tuple[torch.Tensor, torch.Tensor]]
-        self._heal_index_cache = OrderedDict()
+        self._heal_index_cache: OrderedDict[tuple[str, torch.device], torch.Tensor] = OrderedDict()
+        self._sorted_ids: dict[torch.device, torch.Tensor] = {}  # the index's ids, in text order
         self._heal_lock = threading.RLock()  # used from the engine thread and from submitting threads
 
     def _lookup(self, name: str, folder: Path) -> int:
@@ -89,9 +89,18 @@ class Tokenizer:
     def healing_split(self, text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """`healing_candidates(text)` in two: the tokens that spell all of `text` (and maybe more), and
         those that spell only a shorter prefix of it (a decode step that shows nothing)."""
-        keys, ids, by_text = self._vocabulary_index()
-        lo, hi = bisect.bisect_left(keys, text), bisect.bisect_left(keys, text + "\U0010ffff")
-        return tuple(ids[lo:hi]), tuple(i for k in range(1, len(text)) for i in by_text.get(text[:k], ()))
+        keys, ids, _ = self._vocabulary_index()
+        lo, hi = self._covering_range(keys, text)
+        return tuple(ids[lo:hi]), self._partial_ids(text)
+
+    @staticmethod
+    def _covering_range(keys: list[str], text: str) -> tuple[int, int]:
+        """Where the token texts that start with `text` lie in the sorted index."""
+        return bisect.bisect_left(keys, text), bisect.bisect_left(keys, text + "\U0010ffff")
+
+    def _partial_ids(self, text: str) -> tuple[int, ...]:
+        by_text = self._vocabulary_index()[2]
+        return tuple(i for k in range(1, len(text)) for i in by_text.get(text[:k], ()))
 
     def can_heal(self, text: str) -> bool:
         """Whether whole tokens can spell `text`: every suffix the healing may be left with has a
@@ -106,24 +115,28 @@ class Tokenizer:
         return True
 
     def healing_index(self, text: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """`healing_split(text)` as two long tensors on `device`, kept for the next keystroke."""
+        """`healing_split(text)` as two long tensors on `device`. The covering tokens are a slice of the
+        vocabulary in text order, kept on `device` once (a short text such as a space is covered by a
+        third of the vocabulary: no list of that size is copied per keystroke); the partial ones are few,
+        kept for the next keystroke."""
         import torch
 
-        key = (text, device)
+        keys, ids, _ = self._vocabulary_index()
         with self._heal_lock:
-            index = self._heal_index_cache.get(key)
-            if index is None:
-                covering, partial = self.healing_split(text)
-                index = (
-                    torch.tensor(covering, dtype=torch.long, device=device),
-                    torch.tensor(partial, dtype=torch.long, device=device),
-                )
-                self._heal_index_cache[key] = index
+            ordered = self._sorted_ids.get(device)
+            if ordered is None:
+                ordered = self._sorted_ids[device] = torch.tensor(ids, dtype=torch.long, device=device)
+            key = (text, device)
+            partial = self._heal_index_cache.get(key)
+            if partial is None:
+                found = self._partial_ids(text)
+                partial = self._heal_index_cache[key] = torch.tensor(found, dtype=torch.long, device=device)
                 if len(self._heal_index_cache) > 64:
                     self._heal_index_cache.popitem(last=False)
             else:
                 self._heal_index_cache.move_to_end(key)
-            return index
+        lo, hi = self._covering_range(keys, text)
+        return ordered[lo:hi], partial  # (covering,) a view, (partial,)
 
     def _vocabulary_index(self) -> tuple[list[str], list[int], dict[str, list[int]]]:
         """Each whole-character token text, sorted (with its id), and the ids of each text."""
