@@ -45,34 +45,61 @@ class Slot:
     index: int
     # ids whose K/V rows [0, len) are valid; read-only outside this class
     tokens: list[int] = field(default_factory=list)
-    # logits (1, V) computed at a position, kept for prompt ends and generated positions so that a
-    # prompt ending inside cached tokens (typing through a suggestion) needs no prefill at all.
-    logits: dict[int, torch.Tensor] = field(default_factory=dict)
     key: str | None = None
     last_used: int = 0
+    # Logits (1, V) computed at a position, kept for prompt ends and generated positions so that a prompt
+    # ending inside cached tokens (typing through a suggestion) needs no prefill at all. Position p's are
+    # row p % MAX_CACHED_LOGITS of one buffer, allocated at the first keep: dropping them (every keystroke
+    # truncates the last suggestion) frees no tensors and a match makes none.
+    _ring: torch.Tensor | None = None  # (MAX_CACHED_LOGITS, V)
+    _kept: set[int] = field(default_factory=set)  # positions whose logits are in the ring
+    _owner: dict[int, int] = field(default_factory=dict)  # row -> the position that wrote it last
 
     def match(self, prompt: Sequence[int]) -> int:
         """Length of the longest common prefix of the cached tokens and `prompt`."""
         return common_prefix(self.tokens, prompt)
 
-    def extend(self, tokens: Sequence[int], logits: torch.Tensor | None = None) -> None:
+    def extend(self, tokens: Sequence[int], logits: torch.Tensor | None = None) -> torch.Tensor | None:
         """Tokens whose K/V rows were just written after the cached ones; `logits` are the model's
-        output at the last of them (kept for a later prompt that ends there)."""
+        output at the last of them (kept for a later prompt that ends there). Returns the kept copy."""
         self.tokens.extend(tokens)
-        if logits is not None:
-            self.logits[len(self.tokens) - 1] = logits
-            if len(self.logits) > MAX_CACHED_LOGITS:
-                del self.logits[min(self.logits)]
+        if logits is None:
+            return None
+        pos = len(self.tokens) - 1
+        if self._ring is None:
+            shape = (MAX_CACHED_LOGITS, logits.shape[-1])
+            self._ring = torch.empty(shape, dtype=logits.dtype, device=logits.device)
+        row = pos % MAX_CACHED_LOGITS
+        self._kept.discard(self._owner.get(row, pos))  # an older position's logits that shared the row
+        self._owner[row] = pos
+        self._kept.add(pos)
+        kept = self._ring[row : row + 1]  # (1, V)
+        if kept.data_ptr() != logits.data_ptr():  # a draft's logits are already in their row
+            kept.copy_(logits.reshape(1, -1))
+        return kept
 
     def truncate(self, n: int) -> None:
         """Keep only the first n cached tokens (the rest will be overwritten)."""
         del self.tokens[n:]
-        for pos in [p for p in self.logits if p >= n]:
-            del self.logits[pos]
+        self._kept = {p for p in self._kept if p < n}
 
     def logits_at(self, pos: int) -> torch.Tensor | None:
         """The cached logits after position `pos`, if that token is cached and they were kept."""
-        return self.logits.get(pos) if pos < len(self.tokens) else None
+        return self._row(pos) if pos < len(self.tokens) and pos in self._kept else None
+
+    def kept_positions(self) -> frozenset[int] | set[int]:
+        """The positions whose logits are kept (read-only)."""
+        return self._kept
+
+    def draft_logits(self, pos: int) -> torch.Tensor:
+        """The logits a `Match.draft` entry at `pos` said were kept: its row holds them until this
+        position is written again (a draft covers at most MAX_CACHED_LOGITS positions, one row each)."""
+        return self._row(pos)
+
+    def _row(self, pos: int) -> torch.Tensor:
+        assert self._ring is not None, "no logits were kept in this slot"
+        row = pos % MAX_CACHED_LOGITS
+        return self._ring[row : row + 1]  # (1, V)
 
 
 @dataclass(frozen=True)
@@ -80,10 +107,11 @@ class Match:
     slot: Slot
     reused: int  # tokens of the prompt whose K/V is already in the slot
     cached_logits: torch.Tensor | None  # logits at the prompt's last position when fully cached
-    # What the slot held from position `reused` on (token, its logits if kept): the rows are still in
-    # the buffer, valid for a request that runs the same tokens there again (healing that re-spells
-    # what the last generation spelled), which then needs no forward for them.
-    draft: tuple[tuple[int, torch.Tensor | None], ...] = ()
+    # What the slot held from position `reused` on (token, whether its logits were kept:
+    # `Slot.draft_logits`): the rows are still in the buffer, valid for a request that runs the same
+    # tokens there again (healing that re-spells what the last generation spelled), which then needs no
+    # forward for them.
+    draft: tuple[tuple[int, bool], ...] = ()
 
 
 class KVCache:
@@ -135,6 +163,7 @@ class KVCache:
         # Rows past `reused` are rewritten: a last prompt token cached without its logits is run again
         # (or healed, its row then taken by the token that spells it again).
         held = best.tokens[reused : reused + MAX_CACHED_LOGITS]  # past that no logits are kept anyway
-        draft = tuple((t, best.logits.get(p)) for p, t in enumerate(held, reused))
+        kept = best.kept_positions()
+        draft = tuple((t, p in kept) for p, t in enumerate(held, reused))
         best.truncate(reused)
         return Match(slot=best, reused=reused, cached_logits=cached, draft=draft)

@@ -1,5 +1,5 @@
-"""The completion handle's hand-over of the first visible text, and the slot's prefix match: the two
-pieces of a keystroke's path that run once per request on every keystroke."""
+"""The completion handle's hand-over of the first visible text, and the slot's prefix match and kept
+logits: the pieces of a keystroke's path that run once per request on every keystroke."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import random
 import threading
 import time
 
+import torch
+
 from lsp_dscoder.engine.api import CompletionRequest, TokenEvent
 from lsp_dscoder.engine.handle import CompletionHandle
-from lsp_dscoder.engine.kv_cache import common_prefix
+from lsp_dscoder.engine.kv_cache import MAX_CACHED_LOGITS, Slot, common_prefix
 
 
 def _event(index: int, text: str) -> TokenEvent:
@@ -78,3 +80,29 @@ def test_common_prefix_matches_a_token_by_token_walk() -> None:
     assert common_prefix(list(range(5000)), tuple(range(5000))) == 5000
     assert common_prefix(list(range(5000)), (*range(4999), -1)) == 4999
     assert common_prefix([], (1, 2)) == 0
+
+
+def _logits(value: float) -> torch.Tensor:
+    return torch.full((1, 5), value)
+
+
+def test_a_slot_keeps_the_logits_of_its_newest_positions_in_one_buffer() -> None:
+    slot = Slot(0)
+    slot.extend(range(10), _logits(9.0))  # a prompt: logits at its last position only
+    for pos in range(10, 10 + MAX_CACHED_LOGITS):  # a suggestion as long as the ring
+        kept = slot.extend((pos,), _logits(float(pos)))
+        assert kept is not None and kept.data_ptr() == slot.logits_at(pos).data_ptr()
+    assert slot.logits_at(8) is None  # not kept
+    assert slot.logits_at(9) is None  # its row was taken by position 9 + MAX_CACHED_LOGITS
+    assert torch.equal(slot.logits_at(10), _logits(10.0))
+    last = 9 + MAX_CACHED_LOGITS
+    assert torch.equal(slot.logits_at(last), _logits(float(last)))
+    ring = slot.logits_at(10).untyped_storage().data_ptr()
+    slot.truncate(12)  # a keystroke: the positions after it are gone, their rows kept
+    assert slot.logits_at(11) is not None and slot.logits_at(12) is None
+    assert slot.kept_positions() == {10, 11}
+    # a draft said position 12 was kept: its row still holds it, and keeping it again copies nothing
+    assert torch.equal(slot.draft_logits(12), _logits(12.0))
+    again = slot.extend((12,), slot.draft_logits(12))
+    assert again is not None and torch.equal(again, _logits(12.0)) and slot.kept_positions() == {10, 11, 12}
+    assert again.untyped_storage().data_ptr() == ring  # no tensor was allocated for the kept logits
