@@ -6,7 +6,6 @@ from __future__ import annotations
 import bisect
 import json
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -55,7 +54,6 @@ class Tokenizer:
         self.fim_end_id = self._lookup(FIM_END, folder)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._heal_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None
-        self._heal_index_cache: OrderedDict[tuple[str, torch.device], torch.Tensor] = OrderedDict()
         self._sorted_ids: dict[torch.device, torch.Tensor] = {}  # the index's ids, in text order
         self._heal_lock = threading.RLock()  # used from the engine thread and from submitting threads
 
@@ -115,10 +113,10 @@ class Tokenizer:
         return True
 
     def healing_index(self, text: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """`healing_split(text)` as two long tensors on `device`. The covering tokens are a slice of the
-        vocabulary in text order, kept on `device` once (a short text such as a space is covered by a
-        third of the vocabulary: no list of that size is copied per keystroke); the partial ones are few,
-        kept for the next keystroke."""
+        """`healing_split(text)` as two long tensors on `device`, cut from the vocabulary's ids in text
+        order (kept on `device` once): the covering tokens are one slice of it, the partial ones a slice
+        per prefix of `text` that is a token's whole text. Nothing is copied from the host per keystroke:
+        such a copy would wait for whatever the device still runs."""
         import torch
 
         keys, ids, _ = self._vocabulary_index()
@@ -126,17 +124,15 @@ class Tokenizer:
             ordered = self._sorted_ids.get(device)
             if ordered is None:
                 ordered = self._sorted_ids[device] = torch.tensor(ids, dtype=torch.long, device=device)
-            key = (text, device)
-            partial = self._heal_index_cache.get(key)
-            if partial is None:
-                found = self._partial_ids(text)
-                partial = self._heal_index_cache[key] = torch.tensor(found, dtype=torch.long, device=device)
-                if len(self._heal_index_cache) > 64:
-                    self._heal_index_cache.popitem(last=False)
-            else:
-                self._heal_index_cache.move_to_end(key)
         lo, hi = self._covering_range(keys, text)
-        return ordered[lo:hi], partial  # (covering,) a view, (partial,)
+        spans = []
+        for k in range(1, len(text)):
+            start = bisect.bisect_left(keys, text[:k])
+            end = bisect.bisect_right(keys, text[:k], start)
+            if end > start:
+                spans.append(ordered[start:end])
+        partial = ordered[:0] if not spans else spans[0] if len(spans) == 1 else torch.cat(spans)
+        return ordered[lo:hi], partial  # (covering,), (partial,)
 
     def _vocabulary_index(self) -> tuple[list[str], list[int], dict[str, list[int]]]:
         """Each whole-character token text, sorted (with its id), and the ids of each text."""
