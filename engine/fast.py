@@ -29,7 +29,7 @@ from lsp_dscoder.engine.awq import AwqLinear, PackedLayout
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
-from lsp_dscoder.engine.step_graphs import StepGraph, part_bounds, part_count
+from lsp_dscoder.engine.step_graphs import AHEAD, StepGraph, part_bounds, part_count
 from lsp_dscoder.engine.weights import LayerWeights
 from lsp_dscoder.kernels.awq_dequant import awq_dequant, fragment_dequant
 from lsp_dscoder.kernels.awq_gemm import AwqWorkspace, awq_skinny
@@ -108,6 +108,7 @@ class FastRunner:
         layer_bytes = sum(t.nbytes for layer in model.w.layers for t in _layer_tensors(layer))
         self.parts = part_count(layer_bytes, cfg.num_layers) if parts is None else max(1, parts)
         self.part_done: list[torch.cuda.Event] = []  # one per part, made by capture
+        self.ahead = AHEAD  # parts queued behind the running one (engine/step_graphs.py)
         self.counts = {"graph_replays": 0, "eager_forwards": 0}
         self.gemm = gemm
         self.skinny = gemm != "cublas"  # read by `linear` while a forward is traced or run
@@ -290,7 +291,7 @@ class FastRunner:
         self.start.fill_(start)
         self.last.fill_(t - 1)
         self.counts["graph_replays"] += 1
-        if not step.replay(self.part_done, self.stream, interrupted):
+        if not step.replay(self.part_done, self.stream, interrupted, self.ahead):
             return None
         return step.logits.clone()  # the graph's output buffer is rewritten by the next replay
 

@@ -29,6 +29,11 @@ MIN_PART_BYTES = 1 << 29  # 512 MiB: ~0.13 ms on an H200
 MIN_PARTS = 4
 MAX_PARTS = 8  # each part is a graph per (slot, bucket): capture time and memory grow with it
 
+# Parts queued behind the running one. 1: the GPU never idles between parts, and a stop waits for the
+# running part and the queued one. 0: each part is launched when the one before has finished (a launch gap
+# per part), and a stop waits for the running part only.
+AHEAD = 1
+
 Interrupted = Callable[[], bool]
 
 
@@ -60,16 +65,18 @@ class StepGraph:
         done: Sequence[torch.cuda.Event],
         stream: torch.cuda.Stream,
         interrupted: Interrupted | None = None,
+        ahead: int = AHEAD,
     ) -> bool:
         """Run the step on `stream`; False if `interrupted` said stop between parts (the parts already
         launched still run, and the rows they write are not valid). `done`: one event per part, reused by
-        every step (recorded on `stream`: looking the current stream up costs tens of microseconds)."""
+        every step (recorded on `stream`: looking the current stream up costs tens of microseconds).
+        `ahead`: parts queued behind the running one (see AHEAD)."""
         if len(self.parts) == 1:
             self.parts[0].replay()
             return True
         for i, part in enumerate(self.parts):
-            if i >= 2:
-                done[i - 2].synchronize()  # releases the GIL: the server runs while the GPU does
+            if i > ahead:
+                done[i - 1 - ahead].synchronize()  # releases the GIL: the server runs while the GPU does
             if i >= 1 and interrupted is not None and interrupted():
                 return False
             part.replay()

@@ -2,6 +2,7 @@
 cuts cost a decode step, and how long a stale step keeps the GPU once the engine is told to stop.
 
     python -m tests.gpu.step_parts [--shapes 1.3b,6.7b,33b] [--ctx 4096] [--stops 40] [--parts 1,auto]
+        [--ahead 1,0]
 
 Random bf16 weights of the shape, the fast path as the engine builds it (buckets 1 and 4, cuBLAS GEMMs so
 both runners compute the same kernels), one slot filled by a `ctx`-token prefill. For each part count of
@@ -63,16 +64,19 @@ def _stops(runner: Any, step_ms: float, n: int, seed: int = 0) -> list[float]:
     return waits
 
 
-def run_shape(shape: str, ctx: int, stops: int, counts: list[int | None]) -> list[dict[str, Any]]:
+def run_shape(
+    shape: str, ctx: int, stops: int, counts: list[int | None], aheads: list[int]
+) -> list[dict[str, Any]]:
     built = build_shape(shape, with_hf=False)
     cfg = built.cfg
     results: list[dict[str, Any]] = []
     first: dict[str, torch.Tensor] = {}
-    for parts in counts:
+    for parts, ahead in [(p, a) for p in counts for a in aheads]:
         engine, _ = start_engine_measured(
             cfg, built.weights, ctx + 64, buckets=(1, 4), gemm="cublas", parts=parts
         )
         runner: Any = engine.runner
+        runner.ahead = ahead
         gen = torch.Generator("cuda").manual_seed(0)
         ids = torch.randint(2, cfg.vocab_size, (ctx + 4,), device="cuda", generator=gen)
         runner.prefill(ids[:ctx], 0, 0)
@@ -83,6 +87,7 @@ def run_shape(shape: str, ctx: int, stops: int, counts: list[int | None]) -> lis
         r: dict[str, Any] = {
             "shape": shape,
             "parts": runner.parts,
+            "ahead": ahead,
             "decode_step_ms": round(step_ms, 4),
             "stop_mean_ms": round(statistics.mean(waits), 3),
             "stop_p90_ms": round(waits[int(0.9 * len(waits))], 3),
@@ -108,11 +113,12 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--stops", type=int, default=40)
     ap.add_argument("--parts", default="1,auto", help="part counts to compare, the first the reference")
+    ap.add_argument("--ahead", default="1", help="parts queued behind the running one, to compare")
     args = ap.parse_args()
     counts = [None if c == "auto" else int(c) for c in args.parts.split(",")]
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     for shape in args.shapes.split(","):
-        run_shape(shape, args.ctx, args.stops, counts)
+        run_shape(shape, args.ctx, args.stops, counts, [int(a) for a in args.ahead.split(",")])
     return 0
 
 
