@@ -23,6 +23,7 @@ from lsp_dscoder.engine.factory import ReferenceRunner as ReferenceRunner  # whe
 from lsp_dscoder.engine.factory import assemble, wants_fast_path
 from lsp_dscoder.engine.generate import generate
 from lsp_dscoder.engine.handle import CompletionHandle
+from lsp_dscoder.engine.prefix import VocabularyCheck
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.engine.weights import load_weights
 
@@ -80,6 +81,7 @@ class Engine:
         folder = resolve_model(config.model)
         report("reading config", 0, 1)
         self.model_config = ModelConfig.from_file(folder / "config.json")
+        self._vocabulary = VocabularyCheck(self.model_config.vocab_size)
         self.tokenizer = Tokenizer(folder)
         if self.tokenizer.vocab_size > self.model_config.vocab_size:
             raise CheckpointError(
@@ -122,10 +124,10 @@ class Engine:
             raise EngineError("empty prompt: at least one token (e.g. BOS) is required")
         if n > self.max_context:
             raise ContextOverflowError(f"prompt of {n} tokens exceeds the max context of {self.max_context}")
-        vocab = self.model_config.vocab_size
-        ids = request.prompt_ids
-        if min(ids) < 0 or max(ids) >= vocab:  # two passes in C: this runs on every keystroke
-            bad = next(t for t in ids if not 0 <= t < vocab)
+        with self._lock:  # submitted from any thread
+            bad = self._vocabulary.outside(request.slot_key, request.prompt_ids)
+        if bad is not None:
+            vocab = self.model_config.vocab_size
             raise EngineError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
         if not self.tokenizer.can_heal(request.heal_text):
             heal = request.heal_text

@@ -16,28 +16,10 @@ from dataclasses import dataclass, field
 import torch
 
 from lsp_dscoder.engine.config import ModelConfig
+from lsp_dscoder.engine.prefix import common_prefix
 
 # Logits kept per slot (the newest positions): enough for a whole suggestion typed through.
 MAX_CACHED_LOGITS = 192
-
-
-_BLOCK = 256  # tokens compared per C-level slice comparison
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences. Every keystroke matches a prompt of
-    thousands of tokens against each slot: whole blocks are compared as tuples (in C), and only the
-    block holding the first difference is walked in Python."""
-    n = min(len(a), len(b))
-    at = 0
-    while at < n:
-        end = min(at + _BLOCK, n)
-        if tuple(a[at:end]) != tuple(b[at:end]):
-            while a[at] == b[at]:
-                at += 1
-            return at
-        at = end
-    return n
 
 
 @dataclass

@@ -11,12 +11,13 @@ import itertools
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from lsp_dscoder.engine.api import CompletionRequest, SamplingParams
 from lsp_dscoder.engine.errors import EngineError
+from lsp_dscoder.engine.prefix import common_prefix, outside
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.remote_config import RemoteConfig
 from lsp_dscoder.remote_http import Endpoint, encode_json, request_head
@@ -148,8 +149,7 @@ class PromptIds:
         same = common_prefix(old_ids, ids)
         del ends[same:]
         tail = ids[same:]
-        if tail and (min(tail) < 0 or max(tail) >= self._vocab):
-            bad = next(t for t in tail if not 0 <= t < self._vocab)
+        if (bad := outside(tail, self._vocab)) is not None:
             raise ValueError(f"token id {bad} is outside the vocabulary (0..{self._vocab - 1})")
         pieces = [f"{t}," for t in tail]
         text = text[: ends[-1] if ends else 0] + "".join(pieces)
@@ -159,27 +159,6 @@ class PromptIds:
         if len(self._last) > self._documents:
             self._last.popitem(last=False)
         return b"[" + text[:-1].encode() + b"]"
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix. Typing appends, so the answer is nearly always within the
-    last few tokens of the shorter list: one comparison of whole slices (in C) settles the bulk."""
-    n = min(len(a), len(b))
-    lo, hi = 0, n  # a[:lo] == b[:lo]; the first difference is before hi
-    bulk = max(0, n - 16)
-    if a[:bulk] == b[:bulk]:
-        lo = bulk
-    else:
-        hi = bulk
-        while hi - lo > 16:
-            mid = (lo + hi) // 2
-            if a[lo:mid] == b[lo:mid]:
-                lo = mid
-            else:
-                hi = mid
-    while lo < hi and a[lo] == b[lo]:
-        lo += 1
-    return lo
 
 
 def post_bytes(endpoint: Endpoint, path: str, headers: dict[str, str], body: bytes) -> bytes:

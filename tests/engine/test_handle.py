@@ -12,7 +12,8 @@ import torch
 
 from lsp_dscoder.engine.api import CompletionRequest, TokenEvent
 from lsp_dscoder.engine.handle import CompletionHandle
-from lsp_dscoder.engine.kv_cache import MAX_CACHED_LOGITS, Slot, common_prefix
+from lsp_dscoder.engine.kv_cache import MAX_CACHED_LOGITS, Slot
+from lsp_dscoder.engine.prefix import VocabularyCheck, common_prefix
 
 
 def _event(index: int, text: str) -> TokenEvent:
@@ -106,3 +107,23 @@ def test_a_slot_keeps_the_logits_of_its_newest_positions_in_one_buffer() -> None
     again = slot.extend((12,), slot.draft_logits(12))
     assert again is not None and torch.equal(again, _logits(12.0)) and slot.kept_positions() == {10, 11, 12}
     assert again.untyped_storage().data_ptr() == ring  # no tensor was allocated for the kept logits
+
+
+def test_a_prompt_is_checked_against_the_vocabulary_only_past_its_document_s_last_one() -> None:
+    check = VocabularyCheck(100)
+    prompt = tuple(range(100)) * 10
+    assert check.outside("a", prompt) is None
+    seen: list[int] = []
+
+    class Counted(tuple):  # counts the ids min/max read: only the new tail's
+        def __getitem__(self, index):  # type: ignore[no-untyped-def]
+            part = tuple.__getitem__(self, index)
+            if isinstance(index, slice) and index.start:
+                seen.append(len(part))
+            return part
+
+    assert check.outside("a", Counted((*prompt, 5, 7))) is None
+    assert seen == [2]
+    assert check.outside("a", (*prompt, 5, 100)) == 100  # the bad id is found past the shared prefix
+    assert check.outside("b", (-1, *prompt)) == -1  # another document: checked whole
+    assert check.outside("a", (*prompt[:50], 200, *prompt[51:])) == 200  # an edit far back

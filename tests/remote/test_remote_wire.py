@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from lsp_dscoder.bench_remote import run_remote
+from lsp_dscoder.engine.prefix import common_prefix
 from lsp_dscoder.remote_http import Endpoint
-from lsp_dscoder.remote_wire import PromptIds, common_prefix, post_bytes
+from lsp_dscoder.remote_wire import PromptIds, post_bytes
 from tests.remote.llama_server import LlamaServer
 
 

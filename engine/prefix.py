@@ -1,0 +1,59 @@
+"""What a keystroke's prompt shares with the one before it: the common prefix of two token-id sequences,
+found by comparing whole slices in C rather than walking thousands of ids in Python, and the vocabulary
+check of only the ids after it. Torch-free: the remote backend uses them too."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix. Typing appends, so the answer is nearly always within the
+    last few tokens of the shorter sequence: one comparison of whole slices settles the bulk, and a
+    bisection over slices finds a difference further back."""
+    if type(a) is not type(b):  # a list slice never equals a tuple slice
+        a, b = tuple(a), tuple(b)
+    n = min(len(a), len(b))
+    lo, hi = 0, n  # a[:lo] == b[:lo]; the first difference is before hi
+    bulk = max(0, n - 16)
+    if a[:bulk] == b[:bulk]:
+        lo = bulk
+    else:
+        hi = bulk
+        while hi - lo > 16:
+            mid = (lo + hi) // 2
+            if a[lo:mid] == b[lo:mid]:
+                lo = mid
+            else:
+                hi = mid
+    while lo < hi and a[lo] == b[lo]:
+        lo += 1
+    return lo
+
+
+def outside(ids: Sequence[int], vocab_size: int) -> int | None:
+    """The first id of `ids` outside 0..vocab_size-1, or None (two passes in C when all are inside)."""
+    if not ids or (min(ids) >= 0 and max(ids) < vocab_size):
+        return None
+    return next(t for t in ids if not 0 <= t < vocab_size)
+
+
+class VocabularyCheck:
+    """Finds token ids outside the vocabulary in a document's prompts, checking each prompt only past
+    what it shares with that document's last checked one: a keystroke adds a token or two to thousands."""
+
+    def __init__(self, vocab_size: int, documents: int = 8) -> None:
+        self.vocab_size = vocab_size
+        self._last: OrderedDict[object, Sequence[int]] = OrderedDict()
+        self._documents = documents
+
+    def outside(self, key: object, ids: Sequence[int]) -> int | None:
+        """The first id of `ids` outside the vocabulary (None: all inside, and `ids` is remembered)."""
+        last = self._last.pop(key, ())
+        bad = outside(ids[common_prefix(last, ids) :], self.vocab_size)
+        if bad is None:
+            self._last[key] = ids
+            if len(self._last) > self._documents:
+                self._last.popitem(last=False)
+        return bad
