@@ -22,6 +22,7 @@ from lsp_dscoder.engine.kv_cache import KVCache, Match
 from lsp_dscoder.engine.stops import StopStringFilter
 from lsp_dscoder.engine.tokenizer import Tokenizer
 
+HOST = torch.device("cpu")
 MAX_REWOUND_HEAL = 32  # characters: healing longer text than this is not worth a saved prefill
 
 
@@ -74,11 +75,11 @@ class Healing:
     def logits(self, logits: torch.Tensor, covering: torch.Tensor, partial: torch.Tensor) -> torch.Tensor:
         """A copy of `logits` (..., V) with only the candidates left, partial ones handicapped."""
         out = torch.full_like(logits, float("-inf"))
-        out[..., covering] = logits[..., covering]
+        out.index_copy_(-1, covering, logits.index_select(-1, covering))
         # With no covering token every candidate is partial: a common handicap would change nothing.
-        if len(partial):  # a shape, known on the host: no launches for an empty set
+        if len(partial):
             handicap = math.log(self.partial_odds) if len(covering) else 0.0
-            out[..., partial] = logits[..., partial] - handicap
+            out.index_copy_(-1, partial, logits.index_select(-1, partial).sub_(handicap))
         return out
 
 
@@ -174,8 +175,8 @@ def generate(
         if len(out) >= params.max_tokens:
             stop = StopReason.MAX_TOKENS
             break
-        if heal:
-            logits = healing.logits(logits, *tokenizer.healing_index(heal, logits.device))
+        if heal:  # on the host: its few small indexing ops cost more as device launches than the copy
+            logits = healing.logits(logits.to(HOST), *tokenizer.healing_index(heal, HOST))
         token = sample(
             logits.to("cpu") if params.temperature > 0 else logits, params.temperature, params.top_p, gen
         )
