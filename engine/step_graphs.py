@@ -3,17 +3,16 @@ a stale step can stop between parts.
 
 A keystroke that supersedes a running decode step used to wait for that whole forward to finish on the
 GPU (the engine thread sits in the step's sync until then): 4.7 ms at the 6.7B shape, 17 ms at 33B. With
-the layers in parts, the parts run one ahead (part i is launched once part i - 2 has finished, so the
-GPU always has the next one queued and never idles between them), and `interrupted` is asked each time:
-a new request waits for at most the two parts in flight.
+the layers in parts, each part is launched once the one before has finished and `interrupted` is asked
+each time: a new request waits for the running part only. Letting one part queue behind the running one
+(`AHEAD` = 1) keeps the GPU from idling between parts, but a stop then waits for both; on the H200 that
+saved 1-2% of a decode step and cost a keystroke 0.5-0.7 ms of stop (docs/benchmarks.md).
 
-A part costs one graph launch (a few microseconds, hidden behind the part before it), so parts are sized
-by the bytes of weights they stream, about `PART_BYTES` each, at least `MIN_PARTS` and at most
-`MAX_PARTS`. A stop waits for 1.5 parts on average against half a step unsplit, so fewer than
-`MIN_PARTS` would not pay; a model whose parts would then stream less than `MIN_PART_BYTES` each (its
-parts' replays no longer hide the engine thread's Python between them) stays one graph. On the H200 the
-1.3B shape's decode step in 4 parts stops 0.47 ms after it is told to (1.53 ms as one graph) at the same
-step time (docs/benchmarks.md).
+A part costs one graph launch (a few microseconds), so parts are sized by the bytes of weights they
+stream, about `PART_BYTES` each, at least `MIN_PARTS` and at most `MAX_PARTS`. A model whose parts would
+then stream less than `MIN_PART_BYTES` each (its launches would no longer be small next to its parts)
+stays one graph. On the H200 the 1.3B shape's decode step in 4 parts stops 0.23 ms after it is told to
+(1.53 ms as one graph) for 2% of its step time.
 """
 
 from __future__ import annotations
@@ -29,10 +28,10 @@ MIN_PART_BYTES = 1 << 29  # 512 MiB: ~0.13 ms on an H200
 MIN_PARTS = 4
 MAX_PARTS = 8  # each part is a graph per (slot, bucket): capture time and memory grow with it
 
-# Parts queued behind the running one. 1: the GPU never idles between parts, and a stop waits for the
-# running part and the queued one. 0: each part is launched when the one before has finished (a launch gap
-# per part), and a stop waits for the running part only.
-AHEAD = 1
+# Parts queued behind the running one. 0: each part is launched when the one before has finished (a
+# launch gap per part), and a stop waits for the running part only. 1: the GPU never idles between parts,
+# and a stop waits for the running part and the queued one.
+AHEAD = 0
 
 Interrupted = Callable[[], bool]
 

@@ -1,5 +1,5 @@
 """How a step's graph is cut into parts and how the parts are run: the layer ranges, the part count, and
-the one-ahead order that lets a stale step stop between parts. CUDA graphs do not run on this machine:
+the order that lets a stale step stop between parts. CUDA graphs do not run on this machine:
 the parts here record what happens to them; the real graphs are checked against the eager forward on
 the GPU (`python -m tests.gpu.step_parts`)."""
 
@@ -72,7 +72,7 @@ def _step(n: int) -> tuple[StepGraph, list[Any], list[str]]:
     return StepGraph(parts, torch.zeros(1), ()), [_Done(i, log) for i in range(n)], log
 
 
-def test_parts_run_one_ahead_and_ask_between_them() -> None:
+def test_each_part_waits_for_the_one_before_and_asks_between_them() -> None:
     step, done, log = _step(4)
     asked: list[str] = []
 
@@ -82,21 +82,30 @@ def test_parts_run_one_ahead_and_ask_between_them() -> None:
 
     assert step.replay(done, _STREAM, interrupted)
     assert log == [
+        *("launch 0", "record 0", "wait 0", "launch 1", "record 1"),
+        *("wait 1", "launch 2", "record 2", "wait 2", "launch 3", "record 3"),
+    ]
+    assert asked == ["wait 0", "wait 1", "wait 2"]  # before each launch after the first
+
+
+def test_with_one_part_ahead_the_next_is_launched_before_the_running_one_ends() -> None:
+    step, done, log = _step(4)
+    assert step.replay(done, _STREAM, lambda: False, ahead=1)
+    assert log == [
         *("launch 0", "record 0", "launch 1", "record 1"),
         *("wait 0", "launch 2", "record 2", "wait 1", "launch 3", "record 3"),
     ]
-    assert asked == ["record 0", "wait 0", "wait 1"]  # before each launch after the first
 
 
-def test_a_stale_step_stops_with_two_parts_in_flight_at_most() -> None:
+def test_a_stale_step_stops_with_the_running_part_in_flight_only() -> None:
     step, done, log = _step(8)
     calls = 0
 
     def interrupted() -> bool:
         nonlocal calls
         calls += 1
-        return calls == 3  # the request went stale while part 1 ran
+        return calls == 3  # the request went stale while part 2 ran
 
     assert not step.replay(done, _STREAM, interrupted)
-    assert log[-2:] == ["record 2", "wait 1"]  # parts 2 launched, 3..7 never
+    assert log[-2:] == ["record 2", "wait 2"]  # parts 0..2 launched, 3..7 never
     assert sum(e.startswith("launch") for e in log) == 3
