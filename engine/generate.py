@@ -22,7 +22,6 @@ from lsp_dscoder.engine.kv_cache import KVCache, Match
 from lsp_dscoder.engine.stops import StopStringFilter
 from lsp_dscoder.engine.tokenizer import Tokenizer
 
-HOST = torch.device("cpu")
 MAX_REWOUND_HEAL = 32  # characters: healing longer text than this is not worth a saved prefill
 
 
@@ -175,8 +174,8 @@ def generate(
         if len(out) >= params.max_tokens:
             stop = StopReason.MAX_TOKENS
             break
-        if heal:  # on the host: its few small indexing ops cost more as device launches than the copy
-            logits = healing.logits(logits.to(HOST), *tokenizer.healing_index(heal, HOST))
+        if heal:
+            logits = healing.logits(logits, *tokenizer.healing_index(heal, logits.device))
         token = sample(
             logits.to("cpu") if params.temperature > 0 else logits, params.temperature, params.top_p, gen
         )
