@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lsp_dscoder.documents import Splice
 from lsp_dscoder.engine_host import EngineHost
 from lsp_dscoder.postprocess import CursorContext, Shaper
 from lsp_dscoder.prompt import Budgets, ContextFile, PromptBuilder
@@ -97,9 +98,9 @@ class Completer:
             session.generation = None
         self._builder = None
 
-    def changed(self, uri: str, text: str, version: int | None) -> None:
+    def changed(self, uri: str, text: str, version: int | None, splice: Splice | None = None) -> None:
         if (session := self.sessions.get(uri)) is not None:
-            session.changed(text, version)
+            session.changed(text, version, splice)
 
     def closed(self, uri: str) -> None:
         if (session := self.sessions.pop(uri, None)) is not None:

@@ -77,6 +77,17 @@ def keystroke_change(raw: Any) -> tuple[str, int, list[Edit]] | None:
     return uri, version, edits
 
 
+@dataclass(frozen=True)
+class Splice:
+    """The last didChange as one replacement: `before`'s characters [start, end) became `length` new ones
+    (so what lies outside them is known unchanged without comparing it)."""
+
+    before: str  # the text the edit was applied to (the very object)
+    start: int
+    end: int
+    length: int
+
+
 @dataclass(eq=False)
 class Document:
     uri: str
@@ -86,6 +97,7 @@ class Document:
     scan: Scan = field(default_factory=Scan)
     out_of_sync: str | None = None  # why the last change was refused; None while in step with the editor
     index: LineIndex = field(init=False)
+    splice: Splice | None = None  # the last change, when it was one ranged edit
 
     def __post_init__(self) -> None:
         self.text = self._clean(self.text)
@@ -116,7 +128,7 @@ class Document:
     def _apply(self, version: int, edits: Sequence[Edit], encoding: Encoding) -> None:
         if version <= self.version:
             raise DocumentSyncError(f"version {version} does not follow version {self.version}")
-        text, index, whole = self.text, self.index, False
+        text, index, whole, splice = self.text, self.index, False, None
         for number, edit in enumerate(edits):
             new = self._clean(edit.text)
             if edit.span is None:
@@ -130,11 +142,13 @@ class Document:
                 b, _ = index.locate(text, el, ec, encoding, self.scan)
             except PositionError as exc:
                 raise DocumentSyncError(f"change {number}: range {_show(edit.span)}: {exc}") from None
+            splice = Splice(text, a, b, len(new)) if len(edits) == 1 else None
             text = "".join((text[:a], new, text[b:]))  # two copies of the text where `+` makes three
             index = index.replaced(text, a, b, len(new), self.scan)
         if self.out_of_sync is not None and not whole:
             raise DocumentSyncError(f"still out of sync: {self.out_of_sync}")
         self.text, self.index, self.version, self.out_of_sync = text, index, version, None
+        self.splice = splice
 
 
 def _show(span: Span) -> str:

@@ -110,7 +110,7 @@ class DscoderServer(LanguageServer):
         except DocumentSyncError as exc:
             self.sync_refused(uri, types.TEXT_DOCUMENT_DID_CHANGE, str(exc))
             return
-        self.completer.changed(uri, doc.text, doc.version)
+        self.completer.changed(uri, doc.text, doc.version, doc.splice)
 
     def sync_refused(self, uri: str, method: str, reason: str) -> None:
         """A didOpen/didChange that could not be applied: say so, and answer nothing from the old text."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lsp_dscoder.backend import Handle
+from lsp_dscoder.documents import Splice
 from lsp_dscoder.postprocess import Shaper
 from lsp_dscoder.prompt import Head
 from lsp_dscoder.settings import ResponseMode
@@ -65,7 +66,7 @@ class Generation:
         self.mode = mode
         self._before = text[:cursor]
         self._after = text[cursor:]
-        self._framed: str | None = None  # the last document text that `_frames` accepted
+        self._framed = text  # the last document text that `_frames` accepted
         self.pieces: list[Piece] = []  # the generated tokens, as the engine's slot will hold them
         self.rewound = 0  # prompt tokens at its end that the engine healed (spelled again) instead
         self._on_done = on_done
@@ -101,9 +102,10 @@ class Generation:
             self._publish()
             self._on_done(self, completion)
 
-    def typed_through(self, text: str, cursor: int | None = None) -> int | None:
+    def typed_through(self, text: str, cursor: int | None = None, splice: Splice | None = None) -> int | None:
         """How many characters of the suggestion `text` holds at the generation's cursor (with the
-        cursor right after them, if given); None if `text` does not continue the suggestion."""
+        cursor right after them, if given); None if `text` does not continue the suggestion. `splice`:
+        the edit that made `text`, if known."""
         if self.cancelled:
             return None
         typed = len(text) - len(self._before) - len(self._after)
@@ -114,20 +116,28 @@ class Generation:
             return None
         if typed == len(self.shaper.text) and self.finished and cursor is not None:
             return None  # all of it accepted: a new request continues from the cache instead
-        if not self._frames(text):
+        if not self._frames(text, splice):
             return None
         return typed if text.startswith(self.shaper.text[:typed], at) else None
 
-    def _frames(self, text: str) -> bool:
+    def _frames(self, text: str, splice: Splice | None = None) -> bool:
         """Whether `text` is the generation's text before the cursor, then anything, then its text after.
         The last text that passed is remembered: a request asks about the very text its didChange was
-        checked against, and each check reads the whole document."""
+        checked against, and a keystroke's edit of that text between the two parts keeps them without
+        reading the document (a comparison reads all of it)."""
         if text is self._framed:
+            return True
+        if splice is not None and splice.before is self._framed and self._between(splice):
+            self._framed = text
             return True
         if not (text.startswith(self._before) and text.endswith(self._after)):
             return False
         self._framed = text
         return True
+
+    def _between(self, splice: Splice) -> bool:
+        """Whether the edit lies between the text before the cursor and the text after it."""
+        return len(self._before) <= splice.start and splice.end <= len(splice.before) - len(self._after)
 
     def subscribe(self, sub: Subscriber) -> None:
         for old in self.subscribers:
@@ -210,13 +220,13 @@ class DocumentSession:
         """Nothing cached refers to the engine any more (new engine or new budgets)."""
         self.head, self.known = None, []
 
-    def changed(self, text: str, version: int | None) -> None:
+    def changed(self, text: str, version: int | None, splice: Splice | None = None) -> None:
         self.version = version
         gen = self.generation
         if gen is None:
             return
         gen.drop_stale(version)
-        if not gen.finished and gen.typed_through(text) is None:
+        if not gen.finished and gen.typed_through(text, splice=splice) is None:
             gen.cancel()
 
     def close(self) -> None:

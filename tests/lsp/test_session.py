@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
+from lsp_dscoder.documents import Document, Edit, Splice
 from lsp_dscoder.engine.api import TokenEvent
+from lsp_dscoder.positions import Encoding
 from lsp_dscoder.postprocess import CursorContext, Shaper
 from lsp_dscoder.session import DocumentSession, Generation, Subscriber
 from lsp_dscoder.settings import ResponseMode
@@ -38,12 +40,14 @@ class ScriptedHandle:
         return None
 
 
-def start(mode: ResponseMode = ResponseMode.FIRST_LINE) -> tuple[Generation, ScriptedHandle, list]:
+def start(
+    mode: ResponseMode = ResponseMode.FIRST_LINE, text: str = DOC
+) -> tuple[Generation, ScriptedHandle, list]:
     handle, done = ScriptedHandle(), []
     gen = Generation(
         handle,
-        Shaper(CursorContext.at(DOC, CURSOR)),
-        text=DOC,
+        Shaper(CursorContext.at(text, CURSOR)),
+        text=text,
         cursor=CURSOR,
         mode=mode,
         on_done=lambda g, completion: done.append(g.shaper.rule),
@@ -172,6 +176,7 @@ class CountingText(str):
 
 
 async def test_the_text_a_did_change_checked_is_not_compared_again_by_its_request():
+    CountingText.passes = 0
     gen, handle, _ = start()
     gen.subscribe(subscriber(Stats(), 1, 1, []))
     handle.push("return x + 1", "\n")
@@ -184,3 +189,30 @@ async def test_the_text_a_did_change_checked_is_not_compared_again_by_its_reques
     other = CountingText(DOC[:CURSOR] + "retX" + DOC[CURSOR:])
     assert gen.typed_through(other) is None  # another text is compared
     assert CountingText.passes == 4
+
+
+async def test_typing_through_reads_only_the_typed_characters_of_the_document():
+    CountingText.passes = 0
+    gen, handle, _ = start()
+    gen.subscribe(subscriber(Stats(), 1, 1, []))
+    handle.push("return x + 1", "\n")
+    await settle()
+    text: str = DOC
+    for n in range(1, 4):  # each didChange: one character inserted at the cursor
+        typed = CountingText(DOC[:CURSOR] + "ret"[:n] + DOC[CURSOR:])
+        edit = Splice(text, CURSOR + n - 1, CURSOR + n - 1, 1)
+        assert gen.typed_through(typed, splice=edit) == n
+        text = typed
+    assert CountingText.passes == 0  # nothing compared but the typed characters
+    edit = Splice(text, 0, 0, 1)  # an edit before the cursor: the text is compared, and does not continue
+    assert gen.typed_through(CountingText("#" + text), splice=edit) is None
+    assert CountingText.passes == 1
+
+
+def test_a_document_reports_a_one_range_change_as_a_splice_of_its_old_text():
+    doc = Document("file:///a.py", "python", 1, "ab\ncd\n")
+    old = doc.text
+    doc.apply(2, [Edit("XY", (1, 0, 1, 1))], Encoding.UTF16)
+    assert doc.text == "ab\nXYd\n" and doc.splice == Splice(old, 3, 4, 2) and doc.splice.before is old
+    doc.apply(3, [Edit("1", (0, 0, 0, 0)), Edit("2", (0, 0, 0, 0))], Encoding.UTF16)
+    assert doc.splice is None  # several edits: compared as a whole
