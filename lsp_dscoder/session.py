@@ -226,7 +226,8 @@ class DocumentSession:
         if gen is None:
             return
         gen.drop_stale(version)
-        if not gen.finished and gen.typed_through(text, splice=splice) is None:
+        # Asked of a finished suggestion too: the edit frames the text for the request that follows.
+        if gen.typed_through(text, splice=splice) is None and not gen.finished:
             gen.cancel()
 
     def close(self) -> None:
