@@ -64,8 +64,11 @@ class Generation:
         self.handle = handle
         self.shaper = shaper
         self.mode = mode
-        self._before = text[:cursor]
-        self._after = text[cursor:]
+        self._text, self._cursor = (
+            text,
+            cursor,
+        )  # the text it was asked for: its parts are cut only to compare
+        self._after = len(text) - cursor  # characters after the cursor
         self._framed = text  # the last document text that `_frames` accepted
         self.pieces: list[Piece] = []  # the generated tokens, as the engine's slot will hold them
         self.rewound = 0  # prompt tokens at its end that the engine healed (spelled again) instead
@@ -108,8 +111,8 @@ class Generation:
         the edit that made `text`, if known."""
         if self.cancelled:
             return None
-        typed = len(text) - len(self._before) - len(self._after)
-        at = len(self._before)
+        typed = len(text) - len(self._text)
+        at = self._cursor
         if not 0 <= typed <= len(self.shaper.text):
             return None
         if cursor is not None and cursor != at + typed:
@@ -130,14 +133,15 @@ class Generation:
         if splice is not None and splice.before is self._framed and self._between(splice):
             self._framed = text
             return True
-        if not (text.startswith(self._before) and text.endswith(self._after)):
+        base, cut = self._text, self._cursor
+        if not (text.startswith(base[:cut]) and text.endswith(base[cut:])):
             return False
         self._framed = text
         return True
 
     def _between(self, splice: Splice) -> bool:
         """Whether the edit lies between the text before the cursor and the text after it."""
-        return len(self._before) <= splice.start and splice.end <= len(splice.before) - len(self._after)
+        return self._cursor <= splice.start and splice.end <= len(splice.before) - self._after
 
     def subscribe(self, sub: Subscriber) -> None:
         for old in self.subscribers:
