@@ -157,7 +157,7 @@ def generate(
     # The slot's rows past the reused prompt, from the last request: valid while this one runs the
     # same tokens at the same positions (healing spelling the word as it did on the key before). Not
     # after a prefill: the fast path pads it to a graph bucket, writing rows past the prompt.
-    draft = match.draft if prefilled == 0 else ()
+    draft, kept = (match.draft, match.draft_kept) if prefilled == 0 else ((), frozenset())
 
     # 2. Decode: sample, stream, feed the token back (its K/V stays cached for the next request).
     gen = torch.Generator(device="cpu").manual_seed(params.seed) if params.seed is not None else None
@@ -205,7 +205,7 @@ def generate(
             stop = interrupted()
         if stop is None:
             held = draft[pos - match.reused] if pos - match.reused < len(draft) else None
-            if held is not None and held[0] == token and held[1]:
+            if held == token and pos in kept:
                 logits = slot.draft_logits(pos)  # this token ran here last time: its rows and logits stand
                 replayed += 1
             else:

@@ -60,10 +60,13 @@ class Slot:
             kept.copy_(logits.reshape(1, -1))
         return kept
 
-    def truncate(self, n: int) -> None:
-        """Keep only the first n cached tokens (the rest will be overwritten)."""
+    def truncate(self, n: int) -> set[int]:
+        """Keep only the first n cached tokens (the rest will be overwritten). Returns the positions past
+        them whose logits were kept: their rows hold them until those positions are written again."""
         del self.tokens[n:]
-        self._kept = {p for p in self._kept if p < n}
+        dropped = {p for p in self._kept if p >= n}
+        self._kept -= dropped
+        return dropped
 
     def logits_at(self, pos: int) -> torch.Tensor | None:
         """The cached logits after position `pos`, if that token is cached and they were kept."""
@@ -74,8 +77,8 @@ class Slot:
         return self._kept
 
     def draft_logits(self, pos: int) -> torch.Tensor:
-        """The logits a `Match.draft` entry at `pos` said were kept: its row holds them until this
-        position is written again (a draft covers at most MAX_CACHED_LOGITS positions, one row each)."""
+        """The logits at a position of `Match.draft_kept`: its row holds them until this position is
+        written again (a draft covers at most MAX_CACHED_LOGITS positions, one row each)."""
         return self._row(pos)
 
     def _row(self, pos: int) -> torch.Tensor:
@@ -89,11 +92,12 @@ class Match:
     slot: Slot
     reused: int  # tokens of the prompt whose K/V is already in the slot
     cached_logits: torch.Tensor | None  # logits at the prompt's last position when fully cached
-    # What the slot held from position `reused` on (token, whether its logits were kept:
-    # `Slot.draft_logits`): the rows are still in the buffer, valid for a request that runs the same
-    # tokens there again (healing that re-spells what the last generation spelled), which then needs no
-    # forward for them.
-    draft: tuple[tuple[int, bool], ...] = ()
+    # The tokens the slot held from position `reused` on, and the positions among them whose logits
+    # were kept (`Slot.draft_logits`): the rows are still in the buffer, valid for a request that runs the
+    # same tokens there again (healing that re-spells what the last generation spelled), which then
+    # needs no forward for them.
+    draft: tuple[int, ...] = ()
+    draft_kept: frozenset[int] | set[int] = frozenset()
 
 
 class KVCache:
@@ -144,8 +148,6 @@ class KVCache:
         reused = n if cached is not None else min(n, len(prompt) - 1)
         # Rows past `reused` are rewritten: a last prompt token cached without its logits is run again
         # (or healed, its row then taken by the token that spells it again).
-        held = best.tokens[reused : reused + MAX_CACHED_LOGITS]  # past that no logits are kept anyway
-        kept = best.kept_positions()
-        draft = tuple((t, p in kept) for p, t in enumerate(held, reused))
-        best.truncate(reused)
-        return Match(slot=best, reused=reused, cached_logits=cached, draft=draft)
+        draft = tuple(best.tokens[reused : reused + MAX_CACHED_LOGITS])  # past that no logits are kept
+        kept = best.truncate(reused)
+        return Match(slot=best, reused=reused, cached_logits=cached, draft=draft, draft_kept=kept)
