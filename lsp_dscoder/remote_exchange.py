@@ -104,6 +104,9 @@ class Exchanges:
                     # The next keystroke's connection, opened once this partial is on its way: while the
                     # endpoint computes, or the partial goes out, a handshake would compete for the CPU.
                     self.loop.call_later(SPARE_DELAY_S, self.pool.replenish)
+                    # The consumer was woken: let it send the partial before the rest of the chunk (read
+                    # without waiting, when the endpoint sent more) is parsed.
+                    await asyncio.sleep(0)
                 if decoder.stopped:
                     raise _Cancelled  # a stop string the endpoint did not apply: stop it here
                 dog.arm(self._timeout(request, self.config.read_timeout_s))
