@@ -55,6 +55,7 @@ class Tokenizer:
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._heal_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None
         self._sorted_ids: dict[torch.device, torch.Tensor] = {}  # the index's ids, in text order
+        self._healable: dict[str, bool] = {}  # can_heal's answers (a dict's get/set: safe across threads)
         self._heal_lock = threading.RLock()  # used from the engine thread and from submitting threads
 
     def _lookup(self, name: str, folder: Path) -> int:
@@ -102,8 +103,19 @@ class Tokenizer:
 
     def can_heal(self, text: str) -> bool:
         """Whether whole tokens can spell `text`: every suffix the healing may be left with has a
-        candidate (a character with no token of its own, only byte tokens, has none)."""
+        candidate (a character with no token of its own, only byte tokens, has none). Asked on every
+        keystroke, mostly of a few recurring texts: the answers are kept."""
+        known = self._healable.get(text)
+        if known is None:
+            known = self._healable[text] = self._spellable(text)
+            if len(self._healable) > 1024:
+                self._healable.clear()
+        return known
+
+    def _spellable(self, text: str) -> bool:
         keys, _, by_text = self._vocabulary_index()
+        if all(ch in by_text for ch in text):
+            return True  # each suffix starts with a character that is a token: a candidate either way
         for at in range(len(text)):
             rest = text[at:]
             i = bisect.bisect_left(keys, rest)
