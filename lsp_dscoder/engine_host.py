@@ -42,6 +42,7 @@ class EngineHost:
         self._loop: asyncio.AbstractEventLoop | None = None
         # (logging level, message) for the user, called on the event loop: the remote backend's outages
         self.notify: Callable[[int, str], None] | None = None
+        self._params: dict[tuple[int, tuple[str, ...]], Any] = {}  # SamplingParams by (max_tokens, stop)
 
     @property
     def ready(self) -> bool:
@@ -133,7 +134,9 @@ class EngineHost:
         from lsp_dscoder import engine as api  # already imported by the load
 
         assert self.engine is not None, "submit() before the engine is ready"
-        params = api.SamplingParams(max_tokens=max_tokens, stop=stop)
+        params = self._params.get((max_tokens, stop))
+        if params is None:  # the same few on every keystroke: built (and validated) once
+            params = self._params[max_tokens, stop] = api.SamplingParams(max_tokens=max_tokens, stop=stop)
         request = api.CompletionRequest(
             prompt_ids=tuple(prompt_ids),
             params=params,
