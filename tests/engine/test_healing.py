@@ -4,6 +4,7 @@ which tokens can spell a healed text, and which one wins for given logits."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -56,3 +57,14 @@ def test_a_partial_token_wins_only_when_the_model_is_that_much_surer_of_it(tok) 
     assert Healing(math.inf).logits(logits, covering, partial).argmax() == 4865
     with pytest.raises(ValueError, match="partial_odds must be >= 1, got 0.5"):
         Healing(0.5)
+
+
+def test_a_text_can_be_healed_exactly_when_every_suffix_has_a_candidate(tok) -> None:
+    rng = random.Random(3)
+    alphabet = "ab _()=:\n\t.é日本🙂\u2603"  # the last ones have no token of their own in this vocabulary
+    for _ in range(400):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 7)))
+        expected = all(tok.healing_candidates(text[i:]) for i in range(len(text)))
+        assert tok.can_heal(text) == expected, text
+        assert tok.can_heal(text) == expected, text  # the kept answer
+    assert tok.can_heal(" count") and not tok.can_heal("x🙂")
