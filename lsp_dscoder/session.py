@@ -64,10 +64,8 @@ class Generation:
         self.handle = handle
         self.shaper = shaper
         self.mode = mode
-        self._text, self._cursor = (
-            text,
-            cursor,
-        )  # the text it was asked for: its parts are cut only to compare
+        # The text it was asked for and its cursor: the parts around the cursor are cut only to compare.
+        self._text, self._cursor = text, cursor
         self._after = len(text) - cursor  # characters after the cursor
         self._framed = text  # the last document text that `_frames` accepted
         self.pieces: list[Piece] = []  # the generated tokens, as the engine's slot will hold them
