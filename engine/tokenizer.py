@@ -90,16 +90,24 @@ class Tokenizer:
         those that spell only a shorter prefix of it (a decode step that shows nothing)."""
         keys, ids, _ = self._vocabulary_index()
         lo, hi = self._covering_range(keys, text)
-        return tuple(ids[lo:hi]), self._partial_ids(text)
+        return tuple(ids[lo:hi]), tuple(i for a, b in self._partial_ranges(keys, text) for i in ids[a:b])
 
     @staticmethod
     def _covering_range(keys: list[str], text: str) -> tuple[int, int]:
         """Where the token texts that start with `text` lie in the sorted index."""
         return bisect.bisect_left(keys, text), bisect.bisect_left(keys, text + "\U0010ffff")
 
-    def _partial_ids(self, text: str) -> tuple[int, ...]:
-        by_text = self._vocabulary_index()[2]
-        return tuple(i for k in range(1, len(text)) for i in by_text.get(text[:k], ()))
+    @staticmethod
+    def _partial_ranges(keys: list[str], text: str) -> list[tuple[int, int]]:
+        """Where the tokens whose whole text is a shorter prefix of `text` lie in the sorted index: a
+        range per such prefix, shortest first."""
+        ranges = []
+        for k in range(1, len(text)):
+            start = bisect.bisect_left(keys, text[:k])
+            end = bisect.bisect_right(keys, text[:k], start)
+            if end > start:
+                ranges.append((start, end))
+        return ranges
 
     def can_heal(self, text: str) -> bool:
         """Whether whole tokens can spell `text`: every suffix the healing may be left with has a
@@ -137,12 +145,7 @@ class Tokenizer:
             if ordered is None:
                 ordered = self._sorted_ids[device] = torch.tensor(ids, dtype=torch.long, device=device)
         lo, hi = self._covering_range(keys, text)
-        spans = []
-        for k in range(1, len(text)):
-            start = bisect.bisect_left(keys, text[:k])
-            end = bisect.bisect_right(keys, text[:k], start)
-            if end > start:
-                spans.append(ordered[start:end])
+        spans = [ordered[a:b] for a, b in self._partial_ranges(keys, text)]
         partial = ordered[:0] if not spans else spans[0] if len(spans) == 1 else torch.cat(spans)
         return ordered[lo:hi], partial  # (covering,), (partial,)
 
