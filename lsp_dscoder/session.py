@@ -66,7 +66,6 @@ class Generation:
         self.mode = mode
         # The text it was asked for and its cursor: the parts around the cursor are cut only to compare.
         self._text, self._cursor = text, cursor
-        self._after = len(text) - cursor  # characters after the cursor
         self._framed = text  # the last document text that `_frames` accepted
         self.pieces: list[Piece] = []  # the generated tokens, as the engine's slot will hold them
         self.rewound = 0  # prompt tokens at its end that the engine healed (spelled again) instead
@@ -139,7 +138,8 @@ class Generation:
 
     def _between(self, splice: Splice) -> bool:
         """Whether the edit lies between the text before the cursor and the text after it."""
-        return self._cursor <= splice.start and splice.end <= len(splice.before) - self._after
+        after = len(self._text) - self._cursor  # characters after the cursor, the same in every framed text
+        return self._cursor <= splice.start and splice.end <= len(splice.before) - after
 
     def subscribe(self, sub: Subscriber) -> None:
         for old in self.subscribers:
