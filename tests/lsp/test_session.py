@@ -175,12 +175,18 @@ class CountingText(str):
         return super().endswith(suffix, *args)
 
 
-async def test_the_text_a_did_change_checked_is_not_compared_again_by_its_request():
+async def suggesting_with_counted_comparisons() -> Generation:
+    """A generation showing "return x + 1" to one request, with CountingText's count at zero."""
     CountingText.passes = 0
     gen, handle, _ = start()
     gen.subscribe(subscriber(Stats(), 1, 1, []))
     handle.push("return x + 1", "\n")
     await settle()
+    return gen
+
+
+async def test_the_text_a_did_change_checked_is_not_compared_again_by_its_request():
+    gen = await suggesting_with_counted_comparisons()
     typed = CountingText(DOC[:CURSOR] + "ret" + DOC[CURSOR:])
     assert gen.typed_through(typed) == 3  # didChange: the text before and after the cursor compared
     assert CountingText.passes == 2
@@ -192,11 +198,7 @@ async def test_the_text_a_did_change_checked_is_not_compared_again_by_its_reques
 
 
 async def test_typing_through_reads_only_the_typed_characters_of_the_document():
-    CountingText.passes = 0
-    gen, handle, _ = start()
-    gen.subscribe(subscriber(Stats(), 1, 1, []))
-    handle.push("return x + 1", "\n")
-    await settle()
+    gen = await suggesting_with_counted_comparisons()
     text: str = DOC
     for n in range(1, 4):  # each didChange: one character inserted at the cursor
         typed = CountingText(DOC[:CURSOR] + "ret"[:n] + DOC[CURSOR:])
