@@ -176,6 +176,7 @@ class Engine:
                     handle._publish,  # its first parameter is the event
                     self.config.prefill_chunk,
                     handle.submitted_at,
+                    launched=handle._mark_launched,
                 )
             except Exception as e:  # any failure of one request must not stop the engine thread
                 log.exception("request failed")
@@ -185,6 +186,8 @@ class Engine:
                     error=e if isinstance(e, EngineError) else EngineError(f"generation failed: {e}")
                 )
                 continue
+            finally:
+                handle._mark_launched()  # one that stopped before its first sample frees its submitter too
             s = result.stats
             with self._lock:
                 c = self._counters

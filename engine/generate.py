@@ -122,7 +122,11 @@ def generate(
     prefill_chunk: int,
     queued_at: float,
     healing: Healing = HEALING,
+    launched: Callable[[], None] | None = None,
 ) -> Completion:
+    """Run `request` to its stop, emitting token events. `launched` is called once: when this thread is
+    about to wait for a forward it queued (the runner asks `stale` there, and the sample after a forward
+    waits), or to emit visible text, whichever comes first; not at all if the request stops before."""
     started = time.perf_counter()
     params = request.params
     device = cache.buffer.device
@@ -134,7 +138,14 @@ def generate(
             return StopReason.DEADLINE
         return None
 
+    def release() -> None:
+        nonlocal launched
+        if launched is not None:
+            launched()
+            launched = None
+
     def stale() -> bool:  # asked inside a forward: stop it rather than finish work nobody will read
+        release()  # asked once part of the forward is queued, before waiting for it
         return interrupted() is not None
 
     # 1. Prefix reuse: only the tokens after the longest common prefix are prefilled.
@@ -176,6 +187,8 @@ def generate(
             break
         if heal:
             logits = healing.logits(logits, *tokenizer.healing_index(heal, logits.device))
+        if steps or prefilled:  # the sample waits for a forward: let others use the interpreter
+            release()
         token = sample(
             logits.to("cpu") if params.temperature > 0 else logits, params.temperature, params.top_p, gen
         )
@@ -194,6 +207,8 @@ def generate(
         if text and steps_to_text is None:
             steps_to_text, text_at = steps, time.perf_counter()
         rewound = begin.rewound if len(out) == 1 else 0
+        if text:
+            release()
         emit(TokenEvent(index=len(out) - 1, token_id=token, text=text, piece=piece, rewound=rewound))
         if hit:
             stop = StopReason.STOP_STRING
@@ -222,6 +237,7 @@ def generate(
         if tail:
             if steps_to_text is None:
                 steps_to_text, text_at = steps, time.perf_counter()
+            release()
             emit(TokenEvent(index=len(out), token_id=None, text=tail))
     done = time.perf_counter()
     decode_s = done - first_at

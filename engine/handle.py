@@ -26,6 +26,7 @@ class CompletionHandle:
     """One submitted request: its token events as they come, then its `Completion` (or error)."""
 
     HANDOVER_S = 0.001  # the longest the producer waits for the consumer to take the first visible text
+    PICKUP_S = 0.001  # the longest a submitter on an event loop waits in `wait_launched`
 
     def __init__(self, request: CompletionRequest) -> None:
         self.request = request
@@ -39,6 +40,7 @@ class CompletionHandle:
         self._wakers: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         self._consumer_thread: int | None = None  # the thread of the last consumer that streamed
         self._handover: threading.Event | None = None  # set once a consumer took the first visible text
+        self._launched = threading.Event()  # the first token's device work is queued (or it stopped)
 
     def cancel(self) -> None:
         """Ask the engine to stop at the next check (between layers, decode steps or prefill chunks)."""
@@ -52,7 +54,22 @@ class CompletionHandle:
     def done(self) -> bool:
         return self._done
 
+    def wait_launched(self, timeout: float | None = None) -> bool:
+        """Wait, the GIL released, until the producer has queued the device work of this request's first
+        token (or stopped); False on timeout.
+
+        A submitter on an event loop calls it before going on with its own work: the producer's thread,
+        just woken, needs the GIL to start the request, and the submitter would hold it for everything it
+        does after the submit (a few hundred microseconds of building the consumer's side) while the
+        device sits idle. Waiting here lets the producer launch first; the submitter's work then overlaps
+        the device's."""
+        return self._launched.wait(timeout)
+
     # -- engine side ---------------------------------------------------------------------------------
+    def _mark_launched(self) -> None:
+        """The producer has queued the first token's device work, or stopped before it."""
+        self._launched.set()
+
     def _publish(
         self,
         event: TokenEvent | None = None,

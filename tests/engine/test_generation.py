@@ -353,3 +353,44 @@ def test_steps_to_text_counts_the_forwards_before_visible_text(engine: Engine) -
     again = engine.complete(CompletionRequest(prompt, SamplingParams(max_tokens=4), heal_text=first))
     assert again.token_ids == plain.token_ids and again.stats.replayed_tokens == 0
     assert again.stats.steps_to_text == (1 if n > 1 else None)
+
+
+def test_the_submitter_is_released_once_when_a_forward_is_queued_or_text_is_emitted(engine: Engine) -> None:
+    prompt = fim_prompt(engine, "def add(a, b):\n    return", "\n")
+    inner = ReferenceRunner(engine.model, engine.cache)
+    log: list[str] = []
+
+    class Logging:  # the reference runner asks `interrupted` between layers, as the parts of a graph do
+        def prefill(self, ids, start, slot, interrupted=None):
+            log.append("prefill")
+            return inner.prefill(ids, start, slot, interrupted)
+
+        def decode(self, token, pos, slot, interrupted=None):
+            log.append("decode")
+            return inner.decode(token, pos, slot, interrupted)
+
+    def run(ids: tuple[int, ...]) -> list[str]:
+        log.clear()
+        generate(
+            req(ids, max_tokens=6), Logging(), engine.cache, engine.tokenizer, threading.Event(),
+            lambda e: log.append("text" if e.text else "silent"), 64, 0.0, launched=lambda: log.append("launched"),
+        )  # fmt: skip
+        return list(log)
+
+    cold = run(prompt)
+    assert cold[:2] == ["prefill", "launched"]  # inside the prefill, once its first layer is queued
+    assert cold.count("launched") == 1
+    # Cached with its logits: the first token is sampled without a forward; the release comes with the
+    # first forward it waits for, or just before the first visible text, whichever is first.
+    warm = run(prompt)
+    assert "prefill" not in warm and warm.count("launched") == 1
+    at = warm.index("launched")
+    assert at > 0 and (warm[at - 1] == "decode" or warm[at + 1] == "text")
+    assert "text" not in warm[:at]
+
+
+def test_a_request_that_stops_before_any_forward_still_releases_its_submitter(engine: Engine) -> None:
+    prompt = fim_prompt(engine, "x = ", "\n")
+    handle = engine.submit(req(prompt, max_tokens=0))
+    handle.result(timeout=30)
+    assert handle.wait_launched(0) and handle.result().stats.generated_tokens == 0
