@@ -75,6 +75,10 @@ class StepGraph:
             return True
         for i, part in enumerate(self.parts):
             if i > ahead:
+                # Asked before the wait too: the caller learns that its part is queued, and a stop known
+                # now does not wait for the running part.
+                if interrupted is not None and interrupted():
+                    return False
                 done[i - 1 - ahead].synchronize()  # releases the GIL: the server runs while the GPU does
             if i >= 1 and interrupted is not None and interrupted():
                 return False

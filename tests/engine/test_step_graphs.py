@@ -85,7 +85,8 @@ def test_each_part_waits_for_the_one_before_and_asks_between_them() -> None:
         *("launch 0", "record 0", "wait 0", "launch 1", "record 1"),
         *("wait 1", "launch 2", "record 2", "wait 2", "launch 3", "record 3"),
     ]
-    assert asked == ["wait 0", "wait 1", "wait 2"]  # before each launch after the first
+    # Once a part is queued (the caller learns it can let others run) and again before the next launch.
+    assert asked == ["record 0", "wait 0", "record 1", "wait 1", "record 2", "wait 2"]
 
 
 def test_with_one_part_ahead_the_next_is_launched_before_the_running_one_ends() -> None:
@@ -97,15 +98,26 @@ def test_with_one_part_ahead_the_next_is_launched_before_the_running_one_ends() 
     ]
 
 
-def test_a_stale_step_stops_with_the_running_part_in_flight_only() -> None:
+def _stale_at(call: int) -> tuple[list[str], bool]:
     step, done, log = _step(8)
     calls = 0
 
     def interrupted() -> bool:
         nonlocal calls
         calls += 1
-        return calls == 3  # the request went stale while part 2 ran
+        return calls == call
 
-    assert not step.replay(done, _STREAM, interrupted)
-    assert log[-2:] == ["record 2", "wait 2"]  # parts 0..2 launched, 3..7 never
+    return log, step.replay(done, _STREAM, interrupted)
+
+
+def test_a_stale_step_stops_with_the_running_part_in_flight_only() -> None:
+    # Stale before part 2 was launched (found after waiting for part 1): parts 0..1 launched, 2..7 never.
+    log, finished = _stale_at(4)
+    assert not finished
+    assert log[-3:] == ["launch 1", "record 1", "wait 1"]
+    assert sum(e.startswith("launch") for e in log) == 2
+    # Stale while part 2 runs (found once it is queued): no wait for it, 3..7 never launched.
+    log, finished = _stale_at(5)
+    assert not finished
+    assert log[-2:] == ["launch 2", "record 2"]
     assert sum(e.startswith("launch") for e in log) == 3
