@@ -30,9 +30,15 @@ DECODE_VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("default", {}),
     ("fused combine", {"fused": True}),
     *[(f"S={s}", {"num_splits": s}) for s in (8, 16, 32, 64)],
+    *[(f"fused S={s}", {"fused": True, "num_splits": s}) for s in (8, 12, 16, 24, 32, 48, 64)],
     *[
         (f"tiles {t}", {"tiles": da.DecodeTiles(*t)})
-        for t in ((32, 4, 3), (64, 4, 4), (128, 4, 3), (128, 8, 3), (64, 8, 4), (128, 4, 2))
+        for t in ((32, 4, 3), (64, 4, 2), (64, 4, 4), (128, 4, 3), (128, 8, 3), (64, 8, 4), (128, 4, 2))
+    ],
+    *[
+        (f"fused tiles {t} S={s}", {"fused": True, "tiles": da.DecodeTiles(*t), "num_splits": s})
+        for t in ((64, 4, 2), (32, 4, 2))
+        for s in (16, 32)
     ],
 ]
 EXTEND_TILES = (
@@ -93,7 +99,7 @@ def main() -> None:
         for kv_len in (1024, 4096, 16384):
             for m in MODELS:
                 for n, (name, kw) in enumerate(DECODE_VARIANTS):
-                    rank = 0 if n < 2 else 4 if kv_len == 4096 else 6
+                    rank = 0 if n < 2 else 4 if kv_len <= 4096 else 6
                     make = decode_case(m, kv_len, dev, **kw)
                     cases.append((rank, "decode", m, f"L={kv_len}", name, make, attn_cost(m, 1, kv_len - 1)))
     if args.only != "decode":
