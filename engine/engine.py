@@ -115,8 +115,12 @@ class Engine:
         )
         report("ready", 1, 1)
 
-    def submit(self, request: CompletionRequest) -> CompletionHandle:
-        """Queue a request; returns at once. Raises ContextOverflowError / EngineError on bad input."""
+    def submit(self, request: CompletionRequest, hand_off: bool = False) -> CompletionHandle:
+        """Queue a request. Raises ContextOverflowError / EngineError on bad input. Returns at once, or with
+        `hand_off` on a CUDA device once the engine thread has queued the request's first forward (at most
+        CompletionHandle.PICKUP_S): for a submitter on an event loop, whose work after the submit would
+        otherwise hold the interpreter while the woken engine thread waits for it and the device idles.
+        On the CPU the forward is the engine thread's own work: nothing to overlap, no wait."""
         if self._closed:
             raise EngineClosedError("the engine has been shut down")
         n = len(request.prompt_ids)
@@ -136,6 +140,8 @@ class Engine:
         with self._lock:
             self._counters["requests"] += 1
         self._queue.put(handle)
+        if hand_off and self.device.type == "cuda":
+            handle.wait_launched(handle.PICKUP_S)
         return handle
 
     def complete(self, request: CompletionRequest, timeout: float | None = None) -> Completion:

@@ -26,7 +26,7 @@ class CompletionHandle:
     """One submitted request: its token events as they come, then its `Completion` (or error)."""
 
     HANDOVER_S = 0.001  # the longest the producer waits for the consumer to take the first visible text
-    PICKUP_S = 0.001  # the longest a submitter on an event loop waits in `wait_launched`
+    PICKUP_S = 0.001  # the longest a submitter waits in `wait_launched` (Engine.submit's hand_off)
 
     def __init__(self, request: CompletionRequest) -> None:
         self.request = request

@@ -144,14 +144,8 @@ class EngineHost:
             deadline=deadline,
             heal_text=heal_text,
         )
-        handle = self.engine.submit(request)
-        if self.engine.device.type == "cuda":
-            # Called on the event loop: leave the interpreter to the engine thread until the device has
-            # the request's first forward, so that the device starts while this thread builds the
-            # request's consumer. Bounded: an engine finishing a stale step holds the loop up briefly.
-            # (On the CPU the forward is the engine thread's own work: nothing to overlap.)
-            handle.wait_launched(handle.PICKUP_S)
-        return handle
+        # Called on the event loop, which builds the request's consumer next: the engine thread starts first.
+        return self.engine.submit(request, hand_off=True)
 
     def stats(self) -> dict[str, Any]:
         return dict(self.engine.stats()) if self.engine is not None else {}

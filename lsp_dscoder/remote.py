@@ -93,7 +93,7 @@ class RemoteBackend:
         self.health.start()  # probes now (a keep-alive connection for the first keystroke), then on failure
 
     # -- the engine API ------------------------------------------------------------------------------
-    def submit(self, request: CompletionRequest) -> RemoteHandle:
+    def submit(self, request: CompletionRequest, hand_off: bool = False) -> RemoteHandle:
         if self._closed:
             raise EngineClosedError("the remote backend has been shut down")
         n = len(request.prompt_ids)
