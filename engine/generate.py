@@ -66,6 +66,7 @@ class Healing:
     token whenever one exists."""
 
     partial_odds: float = 16.0
+    exact_silent: bool = False  # a token spelling exactly the text shows nothing either: odds as partial
 
     def __post_init__(self) -> None:
         if not self.partial_odds >= 1.0:
@@ -186,7 +187,8 @@ def generate(
             stop = StopReason.MAX_TOKENS
             break
         if heal:
-            logits = healing.logits(logits, *tokenizer.healing_index(heal, logits.device))
+            index = tokenizer.healing_index(heal, logits.device, healing.exact_silent)
+            logits = healing.logits(logits, *index)
         if steps or prefilled:  # the sample waits for a forward: let others use the interpreter
             release()
         token = sample(

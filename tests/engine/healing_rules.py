@@ -66,7 +66,7 @@ class Bench:
         if RULED and odds is not None:
             from lsp_dscoder.engine.generate import Healing
 
-            extra["healing"] = Healing(odds)
+            extra["healing"] = Healing(abs(odds), exact_silent=odds < 0)
         with torch.inference_mode():
             done = generate(
                 request,
@@ -236,7 +236,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("what", choices=("em", "keys"))
-    parser.add_argument("--odds", default="1,4,inf", help="Healing.partial_odds values, comma list")
+    parser.add_argument(
+        "--odds", default="1,4,inf", help="Healing.partial_odds values, comma list; negative: exact_silent"
+    )
     parser.add_argument("--samples", type=int, default=300)
     parser.add_argument("--lines", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams, StopReason
+from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams, StopReason, TokenEvent
 from lsp_dscoder.engine.engine import ReferenceRunner
 from lsp_dscoder.engine.errors import EngineError
 from lsp_dscoder.engine.generate import HEALING, generate
@@ -371,10 +371,15 @@ def test_the_submitter_is_released_once_when_a_forward_is_queued_or_text_is_emit
 
     def run(ids: tuple[int, ...]) -> list[str]:
         log.clear()
-        generate(
-            req(ids, max_tokens=6), Logging(), engine.cache, engine.tokenizer, threading.Event(),
-            lambda e: log.append("text" if e.text else "silent"), 64, 0.0, launched=lambda: log.append("launched"),
-        )  # fmt: skip
+
+        def emit(e: TokenEvent) -> None:
+            log.append("text" if e.text else "silent")
+
+        def launched() -> None:
+            log.append("launched")
+
+        tok, cancel, request = engine.tokenizer, threading.Event(), req(ids, max_tokens=6)
+        generate(request, Logging(), engine.cache, tok, cancel, emit, 64, 0.0, launched=launched)
         return list(log)
 
     cold = run(prompt)

@@ -38,6 +38,25 @@ def test_candidates_split_into_those_that_spell_all_of_the_text_and_those_that_s
     assert len(covering) == 41 and texts(tok, partial) == [" ", "  ", "   "]
 
 
+def test_the_token_that_spells_exactly_the_text_can_count_as_showing_nothing(tok) -> None:
+    covering, partial = tok.healing_split(" chunk", exact_silent=True)
+    assert texts(tok, covering) == [" chunks"]
+    assert texts(tok, partial) == [" ", " c", " ch", " chunk"]
+    on_device = tok.healing_index(" chunk", CPU, exact_silent=True)
+    assert tuple(on_device[0].tolist()) == covering and tuple(on_device[1].tolist()) == partial
+    # No token is the text: nothing moves.
+    assert tok.healing_split(" split_words", exact_silent=True) == tok.healing_split(" split_words")
+    # " chunks" a third as likely as " chunk": the exact token wins only without the handicap.
+    covering, partial = tok.healing_index(" chunk", CPU, exact_silent=True)
+    logits = torch.zeros(1, tok.vocab_size)
+    chunk = tok.encode(" chunk")[0]
+    logits[0, chunk] = 1.0 + math.log(3.0)
+    logits[0, covering[0]] = 1.0
+    assert Healing(16.0, exact_silent=True).logits(logits, covering, partial).argmax() == covering[0]
+    plain = tok.healing_index(" chunk", CPU)
+    assert Healing(16.0).logits(logits, *plain).argmax() == chunk
+
+
 def test_a_partial_token_wins_only_when_the_model_is_that_much_surer_of_it(tok) -> None:
     covering, partial = tok.healing_index(" chunk", CPU)
     chunk, chunks, ch = [*covering.tolist(), 708]
