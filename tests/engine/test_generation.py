@@ -13,10 +13,18 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams, StopReason, TokenEvent
+from lsp_dscoder.engine import (
+    Completion,
+    CompletionRequest,
+    Engine,
+    EngineConfig,
+    SamplingParams,
+    StopReason,
+    TokenEvent,
+)
 from lsp_dscoder.engine.engine import ReferenceRunner
 from lsp_dscoder.engine.errors import EngineError
-from lsp_dscoder.engine.generate import HEALING, generate
+from lsp_dscoder.engine.generate import HEALING, Healing, generate
 from lsp_dscoder.engine.stops import StopStringFilter
 
 
@@ -339,9 +347,17 @@ def test_steps_to_text_counts_the_forwards_before_visible_text(engine: Engine) -
     prompt = fim_prompt(engine, "def main(args):\n    return", "\n")
     plain = engine.complete(req(prompt, max_tokens=4))
     assert plain.text and plain.stats.steps_to_text == 0
-    # Healing a text that a single token spells exactly: that token shows nothing, the next does.
+    # Healing a text that a single token spells exactly, under the rule that lets that token compete
+    # evenly with longer ones: it shows nothing, the next does.
     first = tok.decode([plain.token_ids[0]])
-    healed = engine.complete(CompletionRequest(prompt, SamplingParams(max_tokens=4), heal_text=first))
+    runner = ReferenceRunner(engine.model, engine.cache)
+
+    def healing(heal: str) -> Completion:
+        request = CompletionRequest(prompt, SamplingParams(max_tokens=4), heal_text=heal)
+        even = Healing(exact_silent=False)
+        return generate(request, runner, engine.cache, tok, threading.Event(), lambda e: None, 8, 0.0, even)
+
+    healed = healing(first)
     assert healed.token_ids == plain.token_ids
     # Here the slot still holds the plain request's forwards of these tokens: none runs again.
     n = len(plain.token_ids)
@@ -350,7 +366,7 @@ def test_steps_to_text_counts_the_forwards_before_visible_text(engine: Engine) -
     other = tok.encode("x = 1")
     assert other[0] != plain.token_ids[0]
     engine.complete(req((*prompt, *other), max_tokens=2))
-    again = engine.complete(CompletionRequest(prompt, SamplingParams(max_tokens=4), heal_text=first))
+    again = healing(first)
     assert again.token_ids == plain.token_ids and again.stats.replayed_tokens == 0
     assert again.stats.steps_to_text == (1 if n > 1 else None)
 
