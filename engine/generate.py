@@ -59,35 +59,43 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Ge
 @dataclass(frozen=True)
 class Healing:
     """How generation spells the healed text. Every token that can spell it stays allowed (the
-    model's own choice is what makes healing worth it), but a token that spells only part of the text
-    costs a decode step that shows nothing, while one that spells more than all of it shows the
-    suggestion at once. So a partial token's odds are divided by `partial_odds` against the covering
-    tokens: it is chosen only when the model is that much surer of it. 1 is plain healing; inf takes a
-    covering token whenever one exists. `exact_silent`: the token whose text is exactly the healed text
-    counts as partial, as it shows nothing either (on the bundled model, keys typed with an invisible step
-    before the first text 43% -> 10%, line exact match 24.4% -> 24.3% of 900 cases: docs/benchmarks.md)."""
+    model's own choice is what makes healing worth it), but the tokens differ in when the suggestion
+    shows: one that spells more than the text shows it at once; the one that is exactly the text shows
+    nothing until the next decode step; one that spells only part of it shows nothing for a step or more
+    and leaves the rest to spell in pieces. So the exact token's odds are divided by `exact_odds` against
+    the longer ones, and a partial token's by `partial_odds` more: each is chosen only when the model is
+    that much surer of it. Indentation keeps its exact token even: the tokenizer itself spells spaces
+    before a word as a run and a space on the word, so a longer run would leave the slot's tokens (and
+    the model's own spelling) behind once the user types on. Odds of 1 are plain healing; the measured
+    choice of `exact_odds` is in docs/benchmarks.md."""
 
     partial_odds: float = 16.0
-    exact_silent: bool = True
+    exact_odds: float = 4.0
 
     def __post_init__(self) -> None:
-        if not self.partial_odds >= 1.0:
-            raise ValueError(f"partial_odds must be >= 1, got {self.partial_odds}")
+        for name in ("partial_odds", "exact_odds"):
+            if not getattr(self, name) >= 1.0:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
-    def silences(self, text: str) -> bool:
-        """Whether the token that is exactly `text` counts as partial. Not for indentation: the tokenizer
-        itself spells spaces before a word as a run and a space on the word, so the exact run is how
-        the text will read back once typed on; a longer run would leave the cache's tokens (and the
-        model's usual spelling) behind."""
-        return self.exact_silent and not text.isspace()
-
-    def logits(self, logits: torch.Tensor, covering: torch.Tensor, partial: torch.Tensor) -> torch.Tensor:
-        """A copy of `logits` (..., V) with only the candidates left, partial ones handicapped."""
+    def logits(
+        self,
+        logits: torch.Tensor,
+        longer: torch.Tensor,
+        exact: torch.Tensor,
+        partial: torch.Tensor,
+        text: str,
+    ) -> torch.Tensor:
+        """A copy of `logits` (..., V) with only the candidates for `text` left, handicapped by tier. A tier
+        with none above it is not handicapped: a common handicap would change nothing."""
         out = torch.full_like(logits, float("-inf"))
-        out.index_copy_(-1, covering, logits.index_select(-1, covering))
-        # With no covering token every candidate is partial: a common handicap would change nothing.
+        out.index_copy_(-1, longer, logits.index_select(-1, longer))
+        handicap = 0.0
+        if len(exact):
+            if len(longer) and not text.isspace():
+                handicap = math.log(self.exact_odds)
+            out.index_copy_(-1, exact, logits.index_select(-1, exact).sub_(handicap))
         if len(partial):
-            handicap = math.log(self.partial_odds) if len(covering) else 0.0
+            handicap += math.log(self.partial_odds) if len(longer) or len(exact) else 0.0
             out.index_copy_(-1, partial, logits.index_select(-1, partial).sub_(handicap))
         return out
 
@@ -196,8 +204,7 @@ def generate(
             stop = StopReason.MAX_TOKENS
             break
         if heal:
-            index = tokenizer.healing_index(heal, logits.device, healing.silences(heal))
-            logits = healing.logits(logits, *index)
+            logits = healing.logits(logits, *tokenizer.healing_index(heal, logits.device), heal)
         if steps or prefilled:  # the sample waits for a forward: let others use the interpreter
             release()
         token = sample(

@@ -85,16 +85,12 @@ class Tokenizer:
         covering, partial = self.healing_split(text)
         return covering + partial
 
-    def healing_split(self, text: str, exact_silent: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def healing_split(self, text: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """`healing_candidates(text)` in two: the tokens that spell all of `text` (and maybe more), and
-        those that spell only a shorter prefix of it (a decode step that shows nothing). exact_silent:
-        the tokens whose text is `text` itself, which show nothing either, go with the second."""
+        those that spell only a shorter prefix of it (a decode step that shows nothing)."""
         keys, ids, _ = self._vocabulary_index()
         lo, hi = self._covering_range(keys, text)
-        ranges = self._partial_ranges(keys, text, exact_silent)
-        if exact_silent:
-            lo = ranges[-1][1] if ranges and keys[ranges[-1][0]] == text else lo
-        return tuple(ids[lo:hi]), tuple(i for a, b in ranges for i in ids[a:b])
+        return tuple(ids[lo:hi]), tuple(i for a, b in self._partial_ranges(keys, text) for i in ids[a:b])
 
     @staticmethod
     def _covering_range(keys: list[str], text: str) -> tuple[int, int]:
@@ -102,11 +98,11 @@ class Tokenizer:
         return bisect.bisect_left(keys, text), bisect.bisect_left(keys, text + "\U0010ffff")
 
     @staticmethod
-    def _partial_ranges(keys: list[str], text: str, exact: bool = False) -> list[tuple[int, int]]:
-        """Where the tokens whose whole text is a shorter prefix of `text` (or `text` itself, with `exact`)
-        lie in the sorted index: a range per such prefix, shortest first."""
+    def _partial_ranges(keys: list[str], text: str) -> list[tuple[int, int]]:
+        """Where the tokens whose whole text is a shorter prefix of `text` lie in the sorted index: a
+        range per such prefix, shortest first."""
         ranges = []
-        for k in range(1, len(text) + exact):
+        for k in range(1, len(text)):
             start = bisect.bisect_left(keys, text[:k])
             end = bisect.bisect_right(keys, text[:k], start)
             if end > start:
@@ -137,12 +133,14 @@ class Tokenizer:
         return True
 
     def healing_index(
-        self, text: str, device: torch.device, exact_silent: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`healing_split(text)` as two long tensors on `device`, cut from the vocabulary's ids in text
-        order (kept on `device` once): the covering tokens are one slice of it, the partial ones a slice
-        per prefix of `text` that is a token's whole text. Nothing is copied from the host per keystroke:
-        such a copy would wait for whatever the device still runs."""
+        self, text: str, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`healing_split(text)` as long tensors on `device`, the covering tokens in two: those that spell
+        more than `text` and those that are exactly `text` (which show nothing yet either). Cut from the
+        vocabulary's ids in text order (kept on `device` once): the covering tokens are one slice of it,
+        the exact ones its start, the partial ones a slice per prefix of `text` that is a token's whole
+        text. Nothing is copied from the host per keystroke: such a copy would wait for whatever the
+        device still runs."""
         import torch
 
         keys, ids, _ = self._vocabulary_index()
@@ -151,12 +149,10 @@ class Tokenizer:
             if ordered is None:
                 ordered = self._sorted_ids[device] = torch.tensor(ids, dtype=torch.long, device=device)
         lo, hi = self._covering_range(keys, text)
-        ranges = self._partial_ranges(keys, text, exact_silent)
-        if exact_silent and ranges and keys[ranges[-1][0]] == text:
-            lo = ranges[-1][1]  # the exact tokens sort first among those starting with `text`
-        spans = [ordered[a:b] for a, b in ranges]
+        exact = bisect.bisect_right(keys, text, lo, hi)  # the exact ones sort first among the covering
+        spans = [ordered[a:b] for a, b in self._partial_ranges(keys, text)]
         partial = ordered[:0] if not spans else spans[0] if len(spans) == 1 else torch.cat(spans)
-        return ordered[lo:hi], partial  # (covering,), (partial,)
+        return ordered[exact:hi], ordered[lo:exact], partial  # (longer,), (exact,), (partial,)
 
     def _vocabulary_index(self) -> tuple[list[str], list[int], dict[str, list[int]]]:
         """Each whole-character token text, sorted (with its id), and the ids of each text."""

@@ -10,8 +10,9 @@
     python tests/engine/healing_rules.py em --samples 300 --odds 1,4,inf
     python tests/engine/healing_rules.py keys --lines 40 --odds 1,4,inf [--through]
 
-`--odds` are `Healing.partial_odds` values (1: plain healing; inf: a covering token whenever one
-exists). With a tree whose `generate` has no `healing` parameter (PYTHONPATH), its own rule runs once.
+`--odds` are rules `P` or `P/E`: `Healing.partial_odds` P and `exact_odds` E (1 if not given; 1/1:
+plain healing; inf: a covering token whenever one exists). With a tree whose `generate` has no `healing`
+parameter (PYTHONPATH), its own rule runs once.
 """
 
 from __future__ import annotations
@@ -60,13 +61,14 @@ class Bench:
         )
         self.runner, self.cache, self.max_context = built.runner, built.cache, max_context
 
-    def run(self, request: CompletionRequest, odds: float | None) -> tuple[Any, list[TokenEvent]]:
+    def run(self, request: CompletionRequest, odds: str | None) -> tuple[Any, list[TokenEvent]]:
         events: list[TokenEvent] = []
         extra: dict[str, Any] = {}
         if RULED and odds is not None:
             from lsp_dscoder.engine.generate import Healing
 
-            extra["healing"] = Healing(abs(odds), exact_silent=odds < 0)
+            partial, _, exact = odds.partition("/")
+            extra["healing"] = Healing(float(partial), float(exact or 1))
         with torch.inference_mode():
             done = generate(
                 request,
@@ -82,7 +84,7 @@ class Bench:
         return done, events
 
 
-def exact_match(args: argparse.Namespace, rules: list[float | None]) -> dict[str, Any]:
+def exact_match(args: argparse.Namespace, rules: list[str | None]) -> dict[str, Any]:
     folder = default_model_path()
     docs = load_heldout(None, folder)
     bench = Bench(slots=1)
@@ -115,7 +117,7 @@ def exact_match(args: argparse.Namespace, rules: list[float | None]) -> dict[str
 
 
 def typed_prompt(
-    bench: Bench, builder: PromptBuilder, case: Case, context: Sequence[ContextFile], odds: float | None
+    bench: Bench, builder: PromptBuilder, case: Case, context: Sequence[ContextFile], odds: str | None
 ) -> tuple[tuple[int, ...], str]:
     """The server's prompt at the case's cursor after a request one character earlier, whose
     generation the slot holds (as when the last key typed did not match the suggestion)."""
@@ -169,7 +171,7 @@ def invisible_kinds(events: list[TokenEvent], heal: str) -> list[str]:
     return kinds
 
 
-def keystrokes(args: argparse.Namespace, rules: list[float | None]) -> dict[str, Any]:
+def keystrokes(args: argparse.Namespace, rules: list[str | None]) -> dict[str, Any]:
     docs = load_heldout(None, default_model_path())
     bench = Bench(slots=len(rules), max_context=2048)
     lines = typed_lines(docs, args.lines, random.Random(args.seed))
@@ -237,7 +239,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("what", choices=("em", "keys"))
     parser.add_argument(
-        "--odds", default="1,4,inf", help="Healing.partial_odds values, comma list; negative: exact_silent"
+        "--odds", default="1,4,inf", help="rules, comma list: partial_odds or partial_odds/exact_odds"
     )
     parser.add_argument("--samples", type=int, default=300)
     parser.add_argument("--lines", type=int, default=40)
@@ -248,7 +250,7 @@ def main() -> int:
     parser.add_argument("--out", help="write the full JSON here; a summary goes to stdout")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rules: list[float | None] = [float(x) for x in args.odds.split(",")] if RULED else [None]
+    rules: list[str | None] = args.odds.split(",") if RULED else [None]
     report = exact_match(args, rules) if args.what == "em" else keystrokes(args, rules)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

@@ -354,7 +354,7 @@ def test_steps_to_text_counts_the_forwards_before_visible_text(engine: Engine) -
 
     def healing(heal: str) -> Completion:
         request = CompletionRequest(prompt, SamplingParams(max_tokens=4), heal_text=heal)
-        even = Healing(exact_silent=False)
+        even = Healing(exact_odds=1.0)
         return generate(request, runner, engine.cache, tok, threading.Event(), lambda e: None, 8, 0.0, even)
 
     healed = healing(first)

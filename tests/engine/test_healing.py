@@ -38,44 +38,46 @@ def test_candidates_split_into_those_that_spell_all_of_the_text_and_those_that_s
     assert len(covering) == 41 and texts(tok, partial) == [" ", "  ", "   "]
 
 
-def test_the_token_that_spells_exactly_the_text_can_count_as_showing_nothing(tok) -> None:
-    covering, partial = tok.healing_split(" chunk", exact_silent=True)
-    assert texts(tok, covering) == [" chunks"]
-    assert texts(tok, partial) == [" ", " c", " ch", " chunk"]
-    on_device = tok.healing_index(" chunk", CPU, exact_silent=True)
-    assert tuple(on_device[0].tolist()) == covering and tuple(on_device[1].tolist()) == partial
-    # No token is the text: nothing moves.
-    assert tok.healing_split(" split_words", exact_silent=True) == tok.healing_split(" split_words")
-    # " chunks" a third as likely as " chunk": the exact token wins only without the handicap.
-    covering, partial = tok.healing_index(" chunk", CPU, exact_silent=True)
-    logits = torch.zeros(1, tok.vocab_size)
-    chunk = tok.encode(" chunk")[0]
-    logits[0, chunk] = 1.0 + math.log(3.0)
-    logits[0, covering[0]] = 1.0
-    assert Healing(16.0, exact_silent=True).logits(logits, covering, partial).argmax() == covering[0]
-    plain = tok.healing_index(" chunk", CPU)
-    assert Healing(16.0).logits(logits, *plain).argmax() == chunk
+def test_on_the_device_the_covering_tokens_come_in_two_the_longer_and_the_exact(tok) -> None:
+    longer, exact, partial = tok.healing_index(" chunk", CPU)
+    assert texts(tok, tuple(longer.tolist())) == [" chunks"]
+    assert texts(tok, tuple(exact.tolist())) == [" chunk"]
+    assert tuple(exact.tolist()) + tuple(longer.tolist()) == tok.healing_split(" chunk")[0]
+    assert tuple(partial.tolist()) == tok.healing_split(" chunk")[1] == (225, 288, 708)
+    longer, exact, partial = tok.healing_index(" split_words", CPU)  # no token is the whole text
+    assert len(longer) == len(exact) == 0 and tuple(partial.tolist()) == (225, 298, 2019, 4865, 6180)
 
 
-def test_a_partial_token_wins_only_when_the_model_is_that_much_surer_of_it(tok) -> None:
-    covering, partial = tok.healing_index(" chunk", CPU)
-    chunk, chunks, ch = [*covering.tolist(), 708]
+def test_each_tier_further_from_showing_text_wins_only_when_the_model_is_that_much_surer(tok) -> None:
+    index = tok.healing_index(" chunk", CPU)
+    chunks, chunk, ch = index[0].item(), index[1].item(), 708
     logits = torch.zeros(1, tok.vocab_size)
     logits[0, tok.encode(" the")[0]] = 10.0  # not a candidate: never chosen
-    logits[0, ch] = 1.0 + math.log(3.0)  # " ch" is three times as likely as " chunks"
-    logits[0, chunks], logits[0, chunk] = 1.0, 0.5
+    # " chunk" three times as likely as " chunks": taken at exact odds up to 3, not beyond.
+    logits[0, chunks], logits[0, chunk], logits[0, ch] = 1.0, 1.0 + math.log(3.0), 0.0
 
-    def pick(odds: float) -> int:
-        return int(Healing(odds).logits(logits, covering, partial).argmax())
+    def pick(partial_odds: float, exact_odds: float) -> int:
+        return int(Healing(partial_odds, exact_odds).logits(logits, *index, " chunk").argmax())
 
-    assert [pick(odds) for odds in (1.0, 2.0, 4.0, math.inf)] == [ch, ch, chunks, chunks]
-    assert pick(HEALING.partial_odds) == chunks
+    assert [pick(16.0, odds) for odds in (1.0, 2.0, 4.0, math.inf)] == [chunk, chunk, chunks, chunks]
+    assert pick(HEALING.partial_odds, HEALING.exact_odds) == chunks
+    # A partial token is handicapped against the exact one by partial_odds, and by both against the longer.
+    logits[0, ch] = 1.0 + math.log(3.0) + math.log(8.0)  # 8x the exact token, 24x the longer one
+    assert [pick(odds, 1.0) for odds in (4.0, 16.0)] == [ch, chunk]
+    assert [pick(4.0, 4.0), pick(8.0, 4.0)] == [ch, chunks]  # 24x against 4 * 4, then against 8 * 4
+    # Indentation keeps its exact token even: the tokenizer's own spelling of spaces before a word.
+    spaces = tok.healing_index("   ", CPU)
+    assert len(spaces[0]) and len(spaces[1])
+    logits[0, spaces[1][0]], logits[0, spaces[0][0]] = 2.0, 1.0
+    assert Healing(16.0, math.inf).logits(logits, *spaces, "   ").argmax() == spaces[1][0]
     # With no covering token the handicap is common to all: the likeliest partial token wins.
-    covering, partial = tok.healing_index(" split_words", CPU)
+    index = tok.healing_index(" split_words", CPU)
     logits[0, 4865], logits[0, 6180] = 2.0, 1.0
-    assert Healing(math.inf).logits(logits, covering, partial).argmax() == 4865
+    assert Healing(math.inf, math.inf).logits(logits, *index, " split_words").argmax() == 4865
     with pytest.raises(ValueError, match="partial_odds must be >= 1, got 0.5"):
         Healing(0.5)
+    with pytest.raises(ValueError, match="exact_odds must be >= 1, got 0.5"):
+        Healing(16.0, 0.5)
 
 
 def test_a_text_can_be_healed_exactly_when_every_suffix_has_a_candidate(tok) -> None:
