@@ -46,11 +46,11 @@ class CompletionRequest:
     `heal_text` is token healing: the caller left the prompt's last token(s) out, and generation is
     constrained to tokens that spell that text first, so that the model can pick the token the text
     belongs to (`self.va` continues as `value`, not as `va` + `lue`). Every token that can spell it
-    stays a candidate, but one that spells only a part (a decode step the user never sees) needs
-    `Healing.partial_odds` times the odds of the best token that spells all of it (engine/generate.py).
-    The healed characters are not part of the
-    completion's text; the tokens that spell them are in its `token_ids`. The engine may heal one more
-    prompt token itself (`TokenEvent.rewound`) when that saves running the model on it.
+    stays a candidate, but one that shows nothing yet needs better odds than the tokens that spell more
+    (`Healing.exact_odds` times for the token that is exactly the text, `partial_odds` more for one that
+    spells only a part: engine/generate.py). The healed characters are not part of the completion's
+    text; the tokens that spell them are in its `token_ids`. The engine may heal one more prompt token
+    itself (`TokenEvent.rewound`) when that saves running the model on it.
 
     `deadline` is an absolute `time.monotonic()` value; generation stops with
     StopReason.DEADLINE once it passes. `slot_key` (e.g. a document URI) is a hint: the slot with the

@@ -278,17 +278,23 @@ def test_token_healing_is_greedy_over_the_tokens_that_spell_the_text(tiny_model:
         handle = eng.submit(request)
         events = list(handle)
         done = handle.result()
-        # The oracle: transformers' logits, greedy over the healing candidates until " ar" is spelled,
-        # a token that spells only part of what is left handicapped by the engine's odds.
+        # The oracle: transformers' logits, greedy over the healing candidates until " ar" is spelled: the
+        # token that is exactly what is left handicapped by the engine's exact odds against the longer
+        # ones, a token that spells only part of it by the partial odds more.
         ids, heal, expected = list(prompt), " ar", []
         with torch.no_grad():
             while len(expected) < 8:
                 logits = hf(torch.tensor([ids])).logits[0, -1]
                 if heal:
                     covering, partial = tok.healing_split(heal)
-                    handicap = math.log(HEALING.partial_odds) if covering else 0.0
-                    allowed = torch.tensor(covering + partial)
-                    score = logits[allowed] - handicap * (torch.arange(len(allowed)) >= len(covering))
+                    exact = [t for t in covering if tok.decode([t]) == heal]
+                    longer = [t for t in covering if t not in exact]
+                    tiered = longer and exact and not heal.isspace()
+                    on_exact = math.log(HEALING.exact_odds) if tiered else 0.0
+                    on_partial = on_exact + (math.log(HEALING.partial_odds) if covering else 0.0)
+                    allowed = torch.tensor(longer + exact + list(partial))
+                    handicaps = [0.0] * len(longer) + [on_exact] * len(exact) + [on_partial] * len(partial)
+                    score = logits[allowed] - torch.tensor(handicaps)
                     token = int(allowed[score.argmax()])
                     heal = heal[len(tok.decode([token])) :]
                 else:
