@@ -32,7 +32,6 @@ from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.step_graphs import AHEAD, StepGraph, part_bounds, part_count
 from lsp_dscoder.engine.weights import LayerWeights
 from lsp_dscoder.kernels.awq_dequant import awq_dequant, fragment_dequant
-from lsp_dscoder.kernels.awq_prefill import fragment_gemm
 from lsp_dscoder.kernels.awq_gemm import AwqWorkspace, awq_skinny
 from lsp_dscoder.kernels.awq_mma import awq_mma, mma_supported
 from lsp_dscoder.kernels.decode_attention import decode_attention
@@ -46,9 +45,6 @@ from lsp_dscoder.kernels.skinny_parts import NormPrologue
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 GEMM_CHOICES = ("auto", "cublas", "skinny")
-# INT4 AWQ steps of 17 to this many rows multiply on the packed weights (kernels/awq_prefill.py); longer
-# ones dequantize each matrix for cuBLAS, which the tensor cores then amortize (docs/awq.md).
-AWQ_FUSED_MAX_M = 1024
 # What the layers pass on: the last layer's output (None before the first) and the residual stream.
 State = tuple[torch.Tensor | None, torch.Tensor]
 Progress = Callable[[str, int, int], None]
@@ -160,8 +156,6 @@ class FastRunner:
                 return awq_mma(x, *p, workspace=self.awq_workspace, pdl=self.pdl)
             if x.shape[0] <= MAX_M:
                 return awq_skinny(x, *p, workspace=self.awq_workspace, pdl=self.pdl)
-            if fragments and x.shape[0] <= AWQ_FUSED_MAX_M:
-                return fragment_gemm(x, *p)
             assert self.awq_dense is not None  # allocated with the packed layers
             k, n = packed.in_features, packed.out_features
             dequant = fragment_dequant if fragments else awq_dequant

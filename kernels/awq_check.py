@@ -3,7 +3,6 @@
 Markdown tables.
 
     python -m lsp_dscoder.kernels.awq_check [--models 1.3B 6.7B 33B] [--sweep 6.7B] [--prefill 6.7B]
-        [--prefill-m 32,256,4096]
 
 Launches are timed inside a CUDA graph (no host overhead), each launch on the next of several copies of the
 weights so that every one reads HBM, not the 50 MB L2. Bytes of a step: qweight + qzeros + scales + x + y.
@@ -26,7 +25,6 @@ from .awq_fragments import fragment_pack
 from .awq_gemm import AwqTiles, awq_gemm_ref, awq_skinny
 from .awq_gemv import AwqWorkspace, GemvTiles
 from .awq_mma import MmaTiles, awq_mma
-from .awq_prefill import PrefillTiles, fragment_gemm
 from .shapes import by_name
 from .skinny_gemm import SkinnyWorkspace, skinny_gemm
 
@@ -167,81 +165,28 @@ def _call(
     return awq_skinny(x, *rot[i], out=out, tiles=t, workspace=ws)
 
 
-PREFILL_M = (32, 64, 128, 256, 512, 1024, 4096)
-
-
-def prefill_variants(sweep: bool) -> list[PrefillTiles | None]:
-    """None (fragment_gemm's default tiles) first; with `sweep`, tiles to compare with it."""
-    if not sweep:
-        return [None]
-    return [
-        None,
-        PrefillTiles(64, 8, 4, 3), PrefillTiles(64, 8, 8, 3), PrefillTiles(64, 8, 8, 4),
-        PrefillTiles(128, 8, 8, 3), PrefillTiles(128, 8, 8, 2), PrefillTiles(128, 4, 8, 3),
-        PrefillTiles(32, 8, 4, 3), PrefillTiles(64, 4, 4, 3),
-        PrefillTiles(64, 8, 8, 3, nk=True), PrefillTiles(64, 8, 8, 3, scale_after=True),
-        PrefillTiles(64, 8, 8, 3, group_m=1),
-    ]  # fmt: skip
-
-
-def prefill_name(t: PrefillTiles | None) -> str:
-    if t is None:
-        return "fused default"
-    how = ("/nk" if t.nk else "") + ("/after" if t.scale_after else "") + f"/g{t.group_m}"
-    return f"fused m{t.block_m}/n{16 * t.tiles}/w{t.num_warps}/st{t.num_stages}{how}"
-
-
-def _fused(
-    x: torch.Tensor, frags: list[torch.Tensor], rot: list[Packed], out: torch.Tensor, t: PrefillTiles | None
-) -> Callable[[int], torch.Tensor]:
-    return lambda i: fragment_gemm(x, frags[i], rot[i][1], rot[i][2], out=out, tiles=t)
-
-
-def prefill_rows(
-    model: str, mat: str, n: int, k: int, group: int, dev: torch.device, rows: tuple[int, ...], sweep: bool
-) -> None:
-    """Steps of more than 16 rows: the dequantizing GEMM on the fragment layout (kernels/awq_prefill.py)
-    against the matrix dequantized into a bf16 buffer for cuBLAS, and cuBLAS on bf16 weights. Weights
-    rotate over copies larger than L2 together, as in skinny_rows."""
+def prefill_rows(model: str, mat: str, n: int, k: int, group: int, dev: torch.device) -> None:
     packed = random_awq(n, k, group, dev)
-    wbytes = sum(t.numel() * t.element_size() for t in packed)
-    copies = max(2, min(16, ROTATE_BYTES // wbytes))
-    rot = [packed] + [tuple(t.clone() for t in packed) for _ in range(copies - 1)]
-    frags = [fragment_pack(r[0], group) for r in rot]
     buf = torch.empty(k, n, device=dev, dtype=torch.bfloat16)
     dense_t = awq_dequant(*packed, out=buf.clone())
-    for m in rows:
+    frag = fragment_pack(packed[0], group)
+    for m in (512, 4096):
         x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
         want = awq_gemm_ref(x, *packed).float()
         fl = 2 * m * n * k / 1e6
-        out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-        cells = []
-        calls: list[tuple[str, Callable[[int], torch.Tensor]]] = [
-            ("fragments+cuBLAS", lambda i, x=x: x @ fragment_dequant(frags[i], *rot[i][1:], out=buf)),
-            ("bf16 cuBLAS", lambda i, x=x: x @ dense_t),
-        ]
-        for t in prefill_variants(sweep):
-            calls.append((prefill_name(t), _fused(x, frags, rot, out, t)))
-        for name, fn in calls:
+        row = [model, mat, str(m)]
+        for name, fn in (
+            ("dequant+cublas", lambda x=x: x @ awq_dequant(*packed, out=buf)),
+            ("fragments+cublas", lambda x=x: x @ fragment_dequant(frag, *packed[1:], out=buf)),
+            ("bf16 cublas", lambda x=x: x @ dense_t),
+        ):
             try:
-                err = float((fn(0).float() - want).abs().max() / want.abs().max())
-                us = graph_us(fn, len(rot))
-                cells.append(
-                    (us, f"| {model} | {mat} {n}x{k} | {m} | {name} | {err:.0e} | {us:.1f} | {fl / us:.0f} |")
-                )
+                err = float((fn().float() - want).abs().max() / want.abs().max())
+                us = graph_us(lambda i, fn=fn: fn(), 3)
+                row.append(f"{err:.0e} {us:.0f} us {fl / us:.0f} TF/s")
             except Exception as e:  # report the variant, keep the table
-                cells.append(
-                    (
-                        float("inf"),
-                        f"| {model} | {mat} | {m} | {name} | failed: {type(e).__name__}: {e} | | |",
-                    )
-                )
-        for _, line in cells:
-            print(line, flush=True)
-        fused = [c for c in cells if "fused" in c[1]]
-        best = min(fused)[1].split("|")[4].strip() if fused else "-"
-        print(f"| {model} | {mat} | {m} | best fused: {best} ({min(fused)[0]:.1f} us) vs fragments+cuBLAS "
-              f"{cells[0][0]:.1f}, bf16 {cells[1][0]:.1f} | | | |", flush=True)  # fmt: skip
+                row.append(f"{name} failed: {type(e).__name__}")
+        print("| " + " | ".join(row) + " |", flush=True)
 
 
 def _warm(args: tuple[list[str], list[str], int, int, int]) -> int:
@@ -276,7 +221,6 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=128)
     ap.add_argument("--sweep", nargs="*", default=[], help="models whose shapes also time the tile variants")
     ap.add_argument("--prefill", nargs="*", default=[], help="models whose prefill GEMMs are timed")
-    ap.add_argument("--prefill-m", default=",".join(map(str, PREFILL_M)), help="row counts of --prefill")
     ap.add_argument("--warm", type=int, default=0, help="compile in this many processes first")
     args = ap.parse_args()
     if args.warm:
@@ -292,12 +236,11 @@ def main() -> None:
         for mat, n, k in layer_shapes(model):
             skinny_rows(model, mat, n, k, args.group, copy, model in args.sweep, dev)
     if args.prefill:
-        print("\n| model | matrix | M | path | max rel err | us | TFLOP/s |")
-        print("| --- " * 7 + "|", flush=True)
-    rows = tuple(int(m) for m in args.prefill_m.split(","))
+        print("\n| model | matrix | M | dequant+cuBLAS | fragments+cuBLAS | bf16 cuBLAS |")
+        print("| --- " * 6 + "|", flush=True)
     for model in args.prefill:
         for mat, n, k in layer_shapes(model):
-            prefill_rows(model, mat, n, k, args.group, dev, rows, model in args.sweep)
+            prefill_rows(model, mat, n, k, args.group, dev)
 
 
 if __name__ == "__main__":

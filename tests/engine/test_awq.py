@@ -225,32 +225,6 @@ def test_fast_path_on_packed_weights_matches_reference(quantized: dict[str, Path
     torch.testing.assert_close(fast.prefill(keys, 18, 0), want, atol=1e-4, rtol=0)
 
 
-@pytest.mark.slow
-def test_long_steps_multiply_on_the_fragment_layout(quantized: dict[str, Path]) -> None:
-    """Where bf16 MMAs run the fast path keeps its matrices in the fragment layout, and a step of more
-    than 16 rows multiplies on them with kernels/awq_prefill.py. Here (CPU, fp32) the layers are
-    permuted by hand: a 17-row and a 40-row step through that kernel against the reference path."""
-    folder = quantized["rtn"]
-    cfg = ModelConfig.from_file(folder / "config.json")
-    packed = load_weights(folder, cfg, CPU, torch.float32, packed=True)
-    for layer in packed.layers:
-        q = layer.quant
-        assert q is not None
-        q.wqkv, q.wo = q.wqkv.to_fragments(), q.wo.to_fragments()
-        q.w_gate_up, q.w_down = q.w_gate_up.to_fragments(), q.w_down.to_fragments()
-    cache = KVCache(cfg, 2, 64, CPU, torch.float32, pad=16)
-    fast = FastRunner(Transformer(cfg, packed, cache.capacity), cache, graphs=False)
-    ref = Transformer(cfg, load_weights(folder, cfg, CPU, torch.float32), cache.capacity)
-    ids = torch.randint(0, cfg.vocab_size, (57,), generator=torch.Generator().manual_seed(5))
-    for start, end in ((0, 17), (17, 57)):
-        torch.testing.assert_close(
-            fast.prefill(ids[start:end], start, 0),
-            ref.forward_reference(ids[start:end], start, cache, 1),
-            atol=1e-4,
-            rtol=0,
-        )
-
-
 def test_shapes_and_sharding_checked(quantized: dict[str, Path], tmp_path: Path) -> None:
     src = quantized["rtn"]
     tensors = load_file(str(src / "model.safetensors"))
