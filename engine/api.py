@@ -6,6 +6,7 @@ The server (and any other caller) talks to the engine only through these types a
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +58,7 @@ class CompletionRequest:
     longest common prefix wins, ties go to the slot last used with this key.
     """
 
-    prompt_ids: tuple[int, ...]
+    prompt_ids: Sequence[int]  # the engine takes them as an array('q') (`prefix.as_ids`): pass one
     params: SamplingParams = field(default_factory=SamplingParams)
     slot_key: str | None = None
     deadline: float | None = None

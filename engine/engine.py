@@ -6,6 +6,7 @@ consumed from a thread (iteration, `result`) or from asyncio (`stream`, `wait`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -23,7 +24,7 @@ from lsp_dscoder.engine.factory import ReferenceRunner as ReferenceRunner  # whe
 from lsp_dscoder.engine.factory import assemble, wants_fast_path
 from lsp_dscoder.engine.generate import generate
 from lsp_dscoder.engine.handle import CompletionHandle
-from lsp_dscoder.engine.prefix import VocabularyCheck
+from lsp_dscoder.engine.prefix import VocabularyCheck, as_ids
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.engine.weights import load_weights
 
@@ -123,13 +124,19 @@ class Engine:
         On the CPU the forward is the engine thread's own work: nothing to overlap, no wait."""
         if self._closed:
             raise EngineClosedError("the engine has been shut down")
-        n = len(request.prompt_ids)
+        try:
+            ids = as_ids(request.prompt_ids)
+        except (TypeError, OverflowError) as exc:
+            raise EngineError(f"prompt ids must be integer token ids: {exc}") from None
+        if ids is not request.prompt_ids:
+            request = dataclasses.replace(request, prompt_ids=ids)
+        n = len(ids)
         if n == 0:
             raise EngineError("empty prompt: at least one token (e.g. BOS) is required")
         if n > self.max_context:
             raise ContextOverflowError(f"prompt of {n} tokens exceeds the max context of {self.max_context}")
         with self._lock:  # submitted from any thread
-            bad = self._vocabulary.outside(request.slot_key, request.prompt_ids)
+            bad = self._vocabulary.outside(request.slot_key, ids)
         if bad is not None:
             vocab = self.model_config.vocab_size
             raise EngineError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")

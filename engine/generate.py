@@ -11,13 +11,22 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
-from lsp_dscoder.engine.api import Completion, CompletionRequest, CompletionStats, StopReason, TokenEvent
+from lsp_dscoder.engine.api import (
+    Completion,
+    CompletionRequest,
+    CompletionStats,
+    SamplingParams,
+    StopReason,
+    TokenEvent,
+)
 from lsp_dscoder.engine.kv_cache import KVCache, Match
 from lsp_dscoder.engine.stops import StopStringFilter
 from lsp_dscoder.engine.tokenizer import Tokenizer
@@ -79,25 +88,44 @@ class Healing:
 
     def logits(
         self,
-        logits: torch.Tensor,
-        longer: torch.Tensor,
-        exact: torch.Tensor,
-        partial: torch.Tensor,
+        logits: npt.ArrayLike,
+        longer: npt.NDArray[np.int64],
+        exact: npt.NDArray[np.int64],
+        partial: npt.NDArray[np.int64],
         text: str,
-    ) -> torch.Tensor:
-        """A copy of `logits` (..., V) with only the candidates for `text` left, handicapped by tier. A tier
-        with none above it is not handicapped: a common handicap would change nothing."""
-        out = torch.full_like(logits, float("-inf"))
-        out.index_copy_(-1, longer, logits.index_select(-1, longer))
+    ) -> npt.NDArray[np.float32]:
+        """A copy of `logits` (V,) or (1, V), float32 on the host, with only the candidates for `text`
+        left (`Tokenizer.healing_index`), handicapped by tier. A tier with none above it is not
+        handicapped: a common handicap would change nothing."""
+        row = np.asarray(logits, dtype=np.float32).reshape(-1)
+        out = np.full_like(row, -np.inf)
+        out[longer] = row[longer]
         handicap = 0.0
         if len(exact):
             if len(longer) and not text.isspace():
                 handicap = math.log(self.exact_odds)
-            out.index_copy_(-1, exact, logits.index_select(-1, exact).sub_(handicap))
+            out[exact] = row[exact] - np.float32(handicap)
         if len(partial):
             handicap += math.log(self.partial_odds) if len(longer) or len(exact) else 0.0
-            out.index_copy_(-1, partial, logits.index_select(-1, partial).sub_(handicap))
+            out[partial] = row[partial] - np.float32(handicap)
         return out
+
+    def sample(
+        self,
+        logits: torch.Tensor,
+        tokenizer: Tokenizer,
+        text: str,
+        params: SamplingParams,
+        gen: torch.Generator | None,
+    ) -> int:
+        """The first token(s) of a healed request, chosen on the host: the logits row comes over once
+        (the sample needs it there anyway) and numpy masks it, where the same masking on the device took
+        about ten launches and their waits, a third of a keystroke's time to its first token (H200,
+        docs/benchmarks.md). Greedy picks the first maximum in vocabulary order, as `argmax` does."""
+        masked = self.logits(logits.detach().to("cpu").numpy(), *tokenizer.healing_index(text), text)
+        if params.temperature <= 0:
+            return int(masked.argmax())
+        return sample(torch.from_numpy(masked).unsqueeze(0), params.temperature, params.top_p, gen)
 
 
 HEALING = Healing()
@@ -108,7 +136,7 @@ class Start:
     """Where decoding starts: the prompt still to run, the text left to heal, the logits to sample
     first (None: after the prefill), and how many prompt tokens were moved into the healing."""
 
-    prompt: tuple[int, ...]
+    prompt: Sequence[int]
     heal: str
     logits: torch.Tensor | None
     rewound: int
@@ -203,13 +231,14 @@ def generate(
         if len(out) >= params.max_tokens:
             stop = StopReason.MAX_TOKENS
             break
-        if heal:
-            logits = healing.logits(logits, *tokenizer.healing_index(heal, logits.device), heal)
         if steps or prefilled:  # the sample waits for a forward: let others use the interpreter
             release()
-        token = sample(
-            logits.to("cpu") if params.temperature > 0 else logits, params.temperature, params.top_p, gen
-        )
+        if heal:
+            token = healing.sample(logits, tokenizer, heal, params, gen)
+        else:
+            token = sample(
+                logits.to("cpu") if params.temperature > 0 else logits, params.temperature, params.top_p, gen
+            )
         if ttft is None:
             first_at = time.perf_counter()
             ttft = first_at - started

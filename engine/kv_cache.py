@@ -10,6 +10,7 @@ forward that wrote their K/V), leave it through `truncate`, and `match` measures
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,7 +27,7 @@ MAX_CACHED_LOGITS = 192
 class Slot:
     index: int
     # ids whose K/V rows [0, len) are valid; read-only outside this class
-    tokens: list[int] = field(default_factory=list)
+    tokens: array[int] = field(default_factory=lambda: array("q"))
     key: str | None = None
     last_used: int = 0
     # Logits (1, V) computed at a position, kept for prompt ends and generated positions so that a prompt
@@ -96,7 +97,7 @@ class Match:
     # were kept (`Slot.draft_logits`): the rows are still in the buffer, valid for a request that runs the
     # same tokens there again (healing that re-spells what the last generation spelled), which then
     # needs no forward for them.
-    draft: tuple[int, ...] = ()
+    draft: Sequence[int] = ()
     draft_kept: frozenset[int] | set[int] = frozenset()
 
 
@@ -132,22 +133,26 @@ class KVCache:
         least twice as long a prefix; a new document takes another's slot only if it holds most of the
         prompt, else the LRU one. Without a key, the longest prefix wins."""
         self._clock += 1
-        lcp = {s.index: s.match(prompt) for s in self.slots}
-        best = max(self.slots, key=lambda s: (lcp[s.index], s.last_used))
         own = next((s for s in self.slots if key is not None and s.key == key), None)
-        if own is not None and 2 * lcp[own.index] >= lcp[best.index]:
-            best = own
-        elif own is None and (
-            lcp[best.index] == 0 or (key is not None and 2 * lcp[best.index] < len(prompt))
-        ):
-            best = min(self.slots, key=lambda s: (bool(s.tokens), s.last_used))
+        own_lcp = own.match(prompt) if own is not None else 0
+        if own is not None and 2 * own_lcp >= len(prompt):
+            best, n = own, own_lcp  # no slot can hold twice as much: the others are not compared
+        else:
+            lcp = {s.index: own_lcp if s is own else s.match(prompt) for s in self.slots}
+            best = max(self.slots, key=lambda s: (lcp[s.index], s.last_used))
+            if own is not None and 2 * lcp[own.index] >= lcp[best.index]:
+                best = own
+            elif own is None and (
+                lcp[best.index] == 0 or (key is not None and 2 * lcp[best.index] < len(prompt))
+            ):
+                best = min(self.slots, key=lambda s: (bool(s.tokens), s.last_used))
+            n = lcp[best.index]
         best.key, best.last_used = key, self._clock
-        n = lcp[best.index]
         cached = best.logits_at(len(prompt) - 1) if n == len(prompt) else None
         # The last prompt token must be run through the model unless its logits are cached.
         reused = n if cached is not None else min(n, len(prompt) - 1)
         # Rows past `reused` are rewritten: a last prompt token cached without its logits is run again
         # (or healed, its row then taken by the token that spells it again).
-        draft = tuple(best.tokens[reused : reused + MAX_CACHED_LOGITS])  # past that no logits are kept
+        draft = best.tokens[reused : reused + MAX_CACHED_LOGITS]  # past that no logits are kept
         kept = best.truncate(reused)
         return Match(slot=best, reused=reused, cached_logits=cached, draft=draft, draft_kept=kept)

@@ -8,14 +8,12 @@ import json
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import numpy as np
+import numpy.typing as npt
 from tokenizers import Tokenizer as HFTokenizer
 
 from lsp_dscoder.engine.errors import CheckpointError
-
-if TYPE_CHECKING:  # torch is imported where tensors are built: the remote backend starts without it
-    import torch
 
 FIM_BEGIN = "<｜fim▁begin｜>"
 FIM_HOLE = "<｜fim▁hole｜>"
@@ -54,7 +52,7 @@ class Tokenizer:
         self.fim_end_id = self._lookup(FIM_END, folder)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._heal_index: tuple[list[str], list[int], dict[str, list[int]]] | None = None
-        self._sorted_ids: dict[torch.device, torch.Tensor] = {}  # the index's ids, in text order
+        self._sorted_ids: npt.NDArray[np.int64] | None = None  # the index's ids, in text order
         self._healable: dict[str, bool] = {}  # can_heal's answers (a dict's get/set: safe across threads)
         self._heal_lock = threading.RLock()  # used from the engine thread and from submitting threads
 
@@ -133,25 +131,21 @@ class Tokenizer:
         return True
 
     def healing_index(
-        self, text: str, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`healing_split(text)` as long tensors on `device`, the covering tokens in two: those that spell
-        more than `text` and those that are exactly `text` (which show nothing yet either). Cut from the
-        vocabulary's ids in text order (kept on `device` once): the covering tokens are one slice of it,
-        the exact ones its start, the partial ones a slice per prefix of `text` that is a token's whole
-        text. Nothing is copied from the host per keystroke: such a copy would wait for whatever the
-        device still runs."""
-        import torch
-
-        keys, ids, _ = self._vocabulary_index()
-        with self._heal_lock:
-            ordered = self._sorted_ids.get(device)
-            if ordered is None:
-                ordered = self._sorted_ids[device] = torch.tensor(ids, dtype=torch.long, device=device)
+        self, text: str
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """`healing_split(text)` as id arrays, the covering tokens in two: those that spell more than
+        `text` and those that are exactly `text` (which show nothing yet either). Cut from the
+        vocabulary's ids in text order (one host array, built once): the covering tokens are one slice of
+        it, the exact ones its start, the partial ones a slice per prefix of `text` that is a token's whole
+        text. Host arrays: the healed sample is chosen on the host (engine/generate.py), where a handful of
+        numpy calls replace a chain of device launches."""
+        keys, _, _ = self._vocabulary_index()
+        ordered = self._sorted_ids
+        assert ordered is not None  # built with the index
         lo, hi = self._covering_range(keys, text)
         exact = bisect.bisect_right(keys, text, lo, hi)  # the exact ones sort first among the covering
         spans = [ordered[a:b] for a, b in self._partial_ranges(keys, text)]
-        partial = ordered[:0] if not spans else spans[0] if len(spans) == 1 else torch.cat(spans)
+        partial = ordered[:0] if not spans else spans[0] if len(spans) == 1 else np.concatenate(spans)
         return ordered[exact:hi], ordered[lo:exact], partial  # (longer,), (exact,), (partial,)
 
     def _vocabulary_index(self) -> tuple[list[str], list[int], dict[str, list[int]]]:
@@ -165,6 +159,7 @@ class Tokenizer:
                 for t, i in entries:
                     by_text.setdefault(t, []).append(i)
                 self._heal_index = ([t for t, _ in entries], [i for _, i in entries], by_text)
+                self._sorted_ids = np.asarray(self._heal_index[1], dtype=np.int64)
             return self._heal_index
 
     def stream(self) -> IncrementalDecoder:

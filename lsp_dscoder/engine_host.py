@@ -138,7 +138,7 @@ class EngineHost:
         if params is None:  # the same few on every keystroke: built (and validated) once
             params = self._params[max_tokens, stop] = api.SamplingParams(max_tokens=max_tokens, stop=stop)
         request = api.CompletionRequest(
-            prompt_ids=tuple(prompt_ids),
+            prompt_ids=prompt_ids,  # an array('q') from the prompt builder: taken as it is
             params=params,
             slot_key=slot_key,
             deadline=deadline,

@@ -68,7 +68,7 @@ def server_prompt(builder: PromptBuilder, case: Case, context: Sequence[ContextF
     first = builder.build(case.prefix[:start] + case.suffix, start, files, "python")
     text = case.prefix + case.suffix
     typed = builder.build(text, len(case.prefix), files, "python", first.head, first.middle_pieces)
-    return typed.ids, typed.heal_text
+    return tuple(typed.ids), typed.heal_text
 
 
 def _served(

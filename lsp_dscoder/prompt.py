@@ -20,6 +20,7 @@ one does).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ class Head:
     """The prompt up to and including <｜fim▁end｜>, valid while the text before `anchor` and the text
     after the cursor stay as they were."""
 
-    ids: tuple[int, ...]
+    ids: array[int]  # array('q'): extended per keystroke by a copy of raw int64s, no int objects touched
     anchor: int  # offset where the middle starts (a line start unless that line is huge)
     before: str  # text[prefix_start:anchor] when built: what the prefix tokens spell
     after: str  # the start of the text after the cursor when built (a window the suffix fits in)
@@ -50,7 +51,7 @@ class Head:
 
 @dataclass(frozen=True)
 class Prompt:
-    ids: tuple[int, ...]
+    ids: array[int]  # head.ids, then the middle's
     head: Head
     head_reused: bool
     middle: str
@@ -108,7 +109,7 @@ class PromptBuilder:
             pieces, taken = cut_known(self.tokenizer, middle[: heal.cut], known)
             pieces += self._tail(middle, heal)
             if len(pieces) <= self.budgets.middle_tokens:
-                ids = head.ids + tuple(p.token_id for p in pieces)
+                ids = head.ids + array("q", [p.token_id for p in pieces])
                 return Prompt(ids, head, True, middle, pieces, taken, heal.text)
         anchor = _line_start(text, cursor, max(0, cursor - self._chars(self.budgets.middle_tokens)))
         middle = "" if anchor is None else text[anchor:cursor]
@@ -121,7 +122,7 @@ class PromptBuilder:
         new_head = self._head(text, anchor, cursor, context(), language_id, head)
         cut_ids = middle_ids[: len(middle_ids) - len(heal.tail_ids)]
         pieces = pieces_of(self.tokenizer, middle[: heal.cut], cut_ids) + self._tail(middle, heal)
-        return Prompt(new_head.ids + tuple(middle_ids), new_head, False, middle, pieces, 0, heal.text)
+        return Prompt(new_head.ids + array("q", middle_ids), new_head, False, middle, pieces, 0, heal.text)
 
     def _heal(self, middle: str) -> _Heal:
         """What of the middle is left to the model: its last word (with the one space before it that
@@ -175,15 +176,12 @@ class PromptBuilder:
         start = self._prefix_start(text, anchor, previous)
         prefix_ids = tok.encode(text[start:anchor]) if start < anchor else []
         suffix_ids = self._suffix_ids(text, cursor)
-        ids = (
-            tok.bos_id,
-            tok.fim_begin_id,
-            *context_ids,
-            *prefix_ids,
-            tok.fim_hole_id,
-            *suffix_ids,
-            tok.fim_end_id,
-        )
+        ids = array("q", (tok.bos_id, tok.fim_begin_id))
+        ids.extend(context_ids)
+        ids.extend(prefix_ids)
+        ids.append(tok.fim_hole_id)
+        ids.extend(suffix_ids)
+        ids.append(tok.fim_end_id)
         return Head(
             ids,
             anchor,

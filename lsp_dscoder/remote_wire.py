@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import Any
 
 from lsp_dscoder.engine.api import CompletionRequest, SamplingParams
 from lsp_dscoder.engine.errors import EngineError
-from lsp_dscoder.engine.prefix import common_prefix, outside
+from lsp_dscoder.engine.prefix import as_ids, common_prefix, outside
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.remote_config import RemoteConfig
 from lsp_dscoder.remote_http import Endpoint, encode_json, request_head
@@ -42,7 +43,7 @@ class Stages:
 class Wire:
     """A request as sent: its prompt with the healed tokens, its bytes, how many went out on submit."""
 
-    ids: list[int]
+    ids: array[int]
     heal_ids: list[int]
     data: bytes  # the HTTP request
     head: int  # bytes of it before the body
@@ -84,7 +85,10 @@ class RequestWriter:
         for a token id outside the vocabulary (checked, like the encoding, past the previous prompt)."""
         clock = Stages()
         heal_ids = self.tokenizer.encode(request.heal_text) if request.heal_text else []
-        ids = [*request.prompt_ids, *heal_ids]
+        try:
+            ids = as_ids(request.prompt_ids) + array("q", heal_ids)
+        except (TypeError, OverflowError) as exc:
+            raise EngineError(f"prompt ids must be integer token ids: {exc}") from None
         try:
             if self.config.token_ids:
                 prompt = self._prompts.encode(request.slot_key, ids)
@@ -123,13 +127,13 @@ class RequestWriter:
         extra = {k: v for k, v in self.config.extra.items() if k != "prompt"}
         return {**extra, **body}  # the extra fields cannot change what the backend relies on
 
-    def _as_text(self, ids: list[int]) -> str:
+    def _as_text(self, ids: array[int]) -> str:
         vocab = self.tokenizer.vocab_size
         if bad := [t for t in ids if not 0 <= t < vocab]:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         if ids and ids[0] == self.tokenizer.bos_id:
             ids = ids[1:]  # the endpoint adds BOS itself when it tokenises a text prompt
-        return str(self._text_tokenizer.decode(ids, skip_special_tokens=False))
+        return str(self._text_tokenizer.decode(ids.tolist(), skip_special_tokens=False))
 
 
 class PromptIds:
@@ -140,12 +144,12 @@ class PromptIds:
     def __init__(self, vocab_size: int, documents: int = 8) -> None:
         self._vocab = vocab_size
         # document -> (its last ids, their text with a comma after each id, where each id's comma ends)
-        self._last: OrderedDict[object, tuple[list[int], str, list[int]]] = OrderedDict()
+        self._last: OrderedDict[object, tuple[array[int], str, list[int]]] = OrderedDict()
         self._documents = documents
 
-    def encode(self, key: object, ids: list[int]) -> bytes:
+    def encode(self, key: object, ids: array[int]) -> bytes:
         """`ids` as a JSON array; `key` names the document. ValueError for an id outside the vocabulary."""
-        old_ids, text, ends = self._last.pop(key, ([], "", []))
+        old_ids, text, ends = self._last.pop(key, (array("q"), "", []))
         same = common_prefix(old_ids, ids)
         del ends[same:]
         tail = ids[same:]

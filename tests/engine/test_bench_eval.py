@@ -73,7 +73,7 @@ def test_server_prompt_is_the_servers_layout(tiny_model: Path) -> None:
     fresh = PromptBuilder(tok, budgets, heal=True).build(
         case.prefix + case.suffix, len(case.prefix), lambda: (other,), "python"
     )
-    assert (fresh.ids, fresh.heal_text) == (ids, heal)
+    assert (tuple(fresh.ids), fresh.heal_text) == (ids, heal)
     plain_ids, plain_heal = server_prompt(PromptBuilder(tok, budgets, heal=False), case, (other,))
     assert plain_heal == "" and plain_ids == head + tuple(enc(line))
 

@@ -103,7 +103,7 @@ def test_cancel_stops_within_one_step_and_cache_is_kept(engine: Engine) -> None:
     assert done.stats.stop_reason is StopReason.CANCELLED
     assert len(done.token_ids) == 3 == len(seen)
     slot = engine.cache.slots[done.stats.slot]
-    assert slot.tokens == list(prompt) + list(done.token_ids[:2])  # the 3rd is sampled, not yet fed
+    assert list(slot.tokens) == list(prompt) + list(done.token_ids[:2])  # the 3rd is sampled, not yet fed
     # The 3rd token is not cached, but the logits before it are: it is healed, not prefilled.
     handle = engine.submit(req(prompt + done.token_ids, max_tokens=2))
     events, again = list(handle), handle.result()
@@ -265,7 +265,7 @@ def test_a_cancel_during_a_forward_stops_it_before_the_next_layer(tiny_model: Pa
         assert done.stats.stop_reason is StopReason.CANCELLED and len(done.token_ids) == 1
         assert done.text and done.stats.steps_to_text == 0  # the first token was already visible
         slot = eng.cache.slots[done.stats.slot]
-        assert slot.tokens == list(prompt)  # the interrupted forward's rows are not counted as cached
+        assert list(slot.tokens) == list(prompt)  # the interrupted forward's rows are not counted as cached
         # The next request reuses the prompt and decodes the same tokens as a fresh engine would.
         again = eng.complete(req(prompt, max_tokens=6))
         assert again.stats.prefilled_tokens == 0 and again.token_ids[0] == done.token_ids[0]

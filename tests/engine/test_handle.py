@@ -8,12 +8,14 @@ import random
 import threading
 import time
 
+import pytest
 import torch
 
 from lsp_dscoder.engine.api import CompletionRequest, TokenEvent
+from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.handle import CompletionHandle
-from lsp_dscoder.engine.kv_cache import MAX_CACHED_LOGITS, Slot
-from lsp_dscoder.engine.prefix import VocabularyCheck, common_prefix
+from lsp_dscoder.engine.kv_cache import MAX_CACHED_LOGITS, KVCache, Slot
+from lsp_dscoder.engine.prefix import VocabularyCheck, as_ids, common_prefix, outside
 
 
 def _event(index: int, text: str) -> TokenEvent:
@@ -78,9 +80,44 @@ def test_common_prefix_matches_a_token_by_token_walk() -> None:
         keep = rng.randrange(0, len(cached) + 1)
         prompt = tuple(cached[:keep]) + tuple(rng.randrange(4) for _ in range(rng.randrange(0, 700)))
         assert common_prefix(cached, prompt) == walk(cached, prompt)
+        # as the engine holds them: arrays of int64, compared as raw slices
+        assert common_prefix(as_ids(cached), as_ids(prompt)) == walk(cached, prompt)
+        assert common_prefix(as_ids(cached), prompt) == walk(cached, prompt)
     assert common_prefix(list(range(5000)), tuple(range(5000))) == 5000
     assert common_prefix(list(range(5000)), (*range(4999), -1)) == 4999
     assert common_prefix([], (1, 2)) == 0
+
+
+def test_ids_are_int64_arrays_checked_in_c() -> None:
+    ids = as_ids((5, 0, 7))
+    assert ids.typecode == "q" and as_ids(ids) is ids and list(ids) == [5, 0, 7]
+    long = as_ids([3] * 100 + [9])
+    assert outside(long, 9) == 9 and outside(long, 10) is None and outside(as_ids([2] * 100 + [-1]), 9) == -1
+    with pytest.raises(TypeError):
+        as_ids((1, 2.5))
+    with pytest.raises(OverflowError):
+        as_ids((2**63,))
+
+
+def test_a_document_whose_slot_holds_half_its_prompt_compares_no_other_slot() -> None:
+    cfg = ModelConfig(
+        vocab_size=16, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=1, num_kv_heads=1,
+        head_dim=8, rms_norm_eps=1e-6, rope_theta=1e4, rope_scaling_factor=1.0, max_position_embeddings=64,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=1,
+    )  # fmt: skip
+    cache = KVCache(cfg, 3, 64, torch.device("cpu"), torch.float32)
+    for slot, key in zip(cache.slots, ("a", "b", "c"), strict=True):
+        slot.key = key
+    cache.slots[0].extend(range(10))
+    cache.slots[1].extend(range(20))
+    compared = []
+    for slot in cache.slots:
+        slot.match = lambda prompt, s=slot: compared.append(s.index) or common_prefix(s.tokens, prompt)
+    m = cache.match(as_ids(range(20)), "a")
+    assert (m.slot.index, m.reused, compared) == (0, 10, [0])  # 2 x 10 >= 20: slot "b" cannot win
+    compared.clear()
+    m = cache.match(as_ids(range(25)), "c")  # its own slot is empty: the longest prefix is looked for
+    assert (m.slot.index, m.reused, sorted(compared)) == (1, 20, [0, 1, 2])
 
 
 def _logits(value: float) -> torch.Tensor:

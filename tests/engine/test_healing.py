@@ -13,8 +13,6 @@ from lsp_dscoder.bundled import default_model_path
 from lsp_dscoder.engine.generate import HEALING, Healing
 from lsp_dscoder.engine.tokenizer import Tokenizer
 
-CPU = torch.device("cpu")
-
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
@@ -38,18 +36,18 @@ def test_candidates_split_into_those_that_spell_all_of_the_text_and_those_that_s
     assert len(covering) == 41 and texts(tok, partial) == [" ", "  ", "   "]
 
 
-def test_on_the_device_the_covering_tokens_come_in_two_the_longer_and_the_exact(tok) -> None:
-    longer, exact, partial = tok.healing_index(" chunk", CPU)
+def test_the_covering_tokens_come_in_two_the_longer_and_the_exact(tok) -> None:
+    longer, exact, partial = tok.healing_index(" chunk")
     assert texts(tok, tuple(longer.tolist())) == [" chunks"]
     assert texts(tok, tuple(exact.tolist())) == [" chunk"]
     assert tuple(exact.tolist()) + tuple(longer.tolist()) == tok.healing_split(" chunk")[0]
     assert tuple(partial.tolist()) == tok.healing_split(" chunk")[1] == (225, 288, 708)
-    longer, exact, partial = tok.healing_index(" split_words", CPU)  # no token is the whole text
+    longer, exact, partial = tok.healing_index(" split_words")  # no token is the whole text
     assert len(longer) == len(exact) == 0 and tuple(partial.tolist()) == (225, 298, 2019, 4865, 6180)
 
 
 def test_each_tier_further_from_showing_text_wins_only_when_the_model_is_that_much_surer(tok) -> None:
-    index = tok.healing_index(" chunk", CPU)
+    index = tok.healing_index(" chunk")
     chunks, chunk, ch = index[0].item(), index[1].item(), 708
     logits = torch.zeros(1, tok.vocab_size)
     logits[0, tok.encode(" the")[0]] = 10.0  # not a candidate: never chosen
@@ -66,18 +64,38 @@ def test_each_tier_further_from_showing_text_wins_only_when_the_model_is_that_mu
     assert [pick(odds, 1.0) for odds in (4.0, 16.0)] == [ch, chunk]
     assert [pick(4.0, 4.0), pick(8.0, 4.0)] == [ch, chunks]  # 24x against 4 * 4, then against 8 * 4
     # Indentation keeps its exact token even: the tokenizer's own spelling of spaces before a word.
-    spaces = tok.healing_index("   ", CPU)
+    spaces = tok.healing_index("   ")
     assert len(spaces[0]) and len(spaces[1])
     logits[0, spaces[1][0]], logits[0, spaces[0][0]] = 2.0, 1.0
     assert Healing(16.0, math.inf).logits(logits, *spaces, "   ").argmax() == spaces[1][0]
     # With no covering token the handicap is common to all: the likeliest partial token wins.
-    index = tok.healing_index(" split_words", CPU)
+    index = tok.healing_index(" split_words")
     logits[0, 4865], logits[0, 6180] = 2.0, 1.0
     assert Healing(math.inf, math.inf).logits(logits, *index, " split_words").argmax() == 4865
     with pytest.raises(ValueError, match="partial_odds must be >= 1, got 0.5"):
         Healing(0.5)
     with pytest.raises(ValueError, match="exact_odds must be >= 1, got 0.5"):
         Healing(16.0, 0.5)
+
+
+def test_the_healed_sample_is_taken_on_the_host_ties_to_the_lowest_id(tok) -> None:
+    from lsp_dscoder.engine.api import SamplingParams
+
+    longer, exact, partial = tok.healing_index("   ")  # 40 longer runs of spaces
+    logits = torch.zeros(1, tok.vocab_size)
+    logits[0, tok.encode(" the")[0]] = 10.0  # not a candidate
+    top = sorted(int(i) for i in longer[:5])
+    for i in top[1:]:  # equal logits: the first in vocabulary order wins, as argmax over the vocabulary
+        logits[0, i] = 3.0
+    assert HEALING.sample(logits, tok, "   ", SamplingParams(), None) == top[1]
+    logits[0, top[0]] = 3.0
+    assert HEALING.sample(logits, tok, "   ", SamplingParams(), None) == top[0]
+    # Sampled (temperature > 0): only candidates can come out, whatever the seed.
+    gen = torch.Generator().manual_seed(0)
+    params = SamplingParams(temperature=1.0)
+    picks = {HEALING.sample(logits, tok, "   ", params, gen) for _ in range(50)}
+    candidates = {int(i) for i in (*longer, *exact, *partial)}
+    assert picks <= candidates and len(picks) > 1
 
 
 def test_a_text_can_be_healed_exactly_when_every_suffix_has_a_candidate(tok) -> None:

@@ -32,14 +32,14 @@ def test_layout_is_psm_with_the_middle_from_the_anchor(tokenizer):
     anchor = SOURCE.rindex("\n", 0, CURSOR) + 1
     head = [t.bos_id, t.fim_begin_id, *t.encode(SOURCE[:anchor]), t.fim_hole_id]
     expected = (*head, *t.encode(SOURCE[CURSOR:]), t.fim_end_id, *t.encode("    "))
-    assert p.ids == expected
+    assert tuple(p.ids) == expected
     assert (p.head.anchor, p.middle, p.head_reused) == (anchor, "    ", False)
     assert "".join(piece.text for piece in p.middle_pieces) == "    "
     assert p.heal_text == ""
     # With token healing (the default), the indentation has no safe boundary after the anchor: the
     # prompt ends at <｜fim▁end｜> and the model spells "    " itself.
     healed = PromptBuilder(tokenizer, Budgets()).build(SOURCE, CURSOR)
-    assert healed.ids == expected[: len(p.head.ids)] == healed.head.ids
+    assert tuple(healed.ids) == expected[: len(p.head.ids)] == tuple(healed.head.ids)
     assert (healed.middle, healed.heal_text, healed.middle_pieces) == ("    ", "    ", ())
 
 
@@ -149,7 +149,7 @@ def test_accepting_generated_tokens_needs_no_new_tokens(tokenizer):
     assert [x.token_id for x in generated] != tokenizer.encode("return args")
     text = SOURCE[:CURSOR] + "return args" + SOURCE[CURSOR:]
     accepted = builder.build(text, CURSOR + 11, head=p.head, known=[*p.middle_pieces, *generated])
-    assert accepted.ids == p.ids + tuple(x.token_id for x in generated)
+    assert tuple(accepted.ids) == (*p.ids, *(x.token_id for x in generated))
     assert accepted.known_reused == len(p.middle_pieces) + 11
 
 
@@ -201,11 +201,11 @@ def test_token_healing_leaves_the_last_word_to_the_model(tokenizer):
         assert p.head is first.head
         kept = p.middle[: len(p.middle) - len(p.heal_text)]
         assert p.middle == kept + p.heal_text
-        assert p.ids == first.head.ids + tuple(tokenizer.encode(kept))
+        assert tuple(p.ids) == (*first.head.ids, *tokenizer.encode(kept))
         assert "".join(piece.text for piece in p.middle_pieces) == kept
     # The prompt changes only when the cursor passes a word: typing a word appends nothing.
-    ids = [p.ids for p in prompts]
-    assert ids[1] == ids[2] == ids[5] == first.head.ids + tuple(tokenizer.encode("   "))
+    ids = [tuple(p.ids) for p in prompts]
+    assert ids[1] == ids[2] == ids[5] == (*first.head.ids, *tokenizer.encode("   "))
     assert ids[6] == ids[7] and ids[8] == ids[9] == ids[12]
     assert len({ids[0], ids[1], ids[6], ids[8]}) == 4
 
@@ -233,7 +233,7 @@ def test_token_healing_reuses_generated_tokens_up_to_the_healed_text(tokenizer):
     text = SOURCE[:CURSOR] + "return args" + SOURCE[CURSOR:]
     accepted = builder.build(text, CURSOR + 11, head=p.head, known=[*p.middle_pieces, *generated])
     assert accepted.heal_text == " args"
-    assert accepted.ids == p.ids + tuple(x.token_id for x in generated[:10])  # "    return"
+    assert tuple(accepted.ids) == (*p.ids, *(x.token_id for x in generated[:10]))  # "    return"
     assert accepted.known_reused == 10
 
 

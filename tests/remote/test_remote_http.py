@@ -61,7 +61,7 @@ def test_request_bytes_are_json_of_the_request_keystroke_after_keystroke() -> No
             "Authorization: Bearer sk-1",
             f"Content-Length: {len(body)}",
         ]
-        assert wire.head == len(wire.data) - len(body) and wire.ids == prompt
+        assert wire.head == len(wire.data) - len(body) and list(wire.ids) == prompt
 
 
 def test_request_bytes_with_healed_text_and_the_model_list() -> None:
@@ -71,8 +71,8 @@ def test_request_bytes_with_healed_text_and_the_model_list() -> None:
         prompt_ids=(tok.bos_id, 500), params=SamplingParams(max_tokens=3), slot_key="b.py", heal_text="def"
     )
     wire = writer.wire(request, None)
-    assert wire.heal_ids == tok.encode("def") and wire.ids == [tok.bos_id, 500, *tok.encode("def")]
-    assert json.loads(_split_request(wire.data)[1])["prompt"] == wire.ids
+    assert wire.heal_ids == tok.encode("def") and list(wire.ids) == [tok.bos_id, 500, *tok.encode("def")]
+    assert json.loads(_split_request(wire.data)[1])["prompt"] == list(wire.ids)
     assert "model" not in json.loads(_split_request(wire.data)[1])
     assert writer.get_bytes("/v1/models") == (
         b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nAccept: text/event-stream\r\n"
