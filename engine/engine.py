@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ from lsp_dscoder.engine.config import EngineConfig, ModelConfig
 from lsp_dscoder.engine.errors import CheckpointError, ContextOverflowError, EngineClosedError, EngineError
 from lsp_dscoder.engine.factory import ReferenceRunner as ReferenceRunner  # where callers have found it
 from lsp_dscoder.engine.factory import assemble, wants_fast_path
-from lsp_dscoder.engine.generate import finish, generation
+from lsp_dscoder.engine.generate import generate
 from lsp_dscoder.engine.handle import CompletionHandle
 from lsp_dscoder.engine.prefix import VocabularyCheck, as_ids
 from lsp_dscoder.engine.tokenizer import Tokenizer
@@ -31,7 +31,6 @@ from lsp_dscoder.engine.weights import load_weights
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, int, int], None]
-Started = tuple[CompletionHandle, Generator[None, None, Completion]]  # a request whose first part ran
 
 
 class Engine:
@@ -41,14 +40,9 @@ class Engine:
 
     def __init__(self, config: EngineConfig, progress: Progress | None = None) -> None:
         self.config = config
-        self._queue: queue.Queue[CompletionHandle | Started | None] = queue.Queue()
+        self._queue: queue.Queue[CompletionHandle | None] = queue.Queue()
         self._closed = False
         self._lock = threading.Lock()
-        self._running = threading.Lock()  # held by whichever thread runs a generation's steps
-        # `submit(hand_off=True)` runs a request's first part on the submitter's thread when the engine
-        # thread is free (`_start_here`). On CUDA only by default: on the CPU the first part's torch
-        # work would then run on a second thread, with an OpenMP pool of its own.
-        self.inline_first_part = False
         self._counters = dict.fromkeys(
             (
                 "requests",
@@ -120,7 +114,6 @@ class Engine:
             built.runner,
             built.fast_path,
         )
-        self.inline_first_part = self.device.type == "cuda"
         report("ready", 1, 1)
 
     def submit(self, request: CompletionRequest, hand_off: bool = False) -> CompletionHandle:
@@ -153,39 +146,10 @@ class Engine:
         handle = CompletionHandle(request)
         with self._lock:
             self._counters["requests"] += 1
-        if hand_off and self.inline_first_part and self._start_here(handle):
-            return handle
         self._queue.put(handle)
         if hand_off and self.device.type == "cuda":
             handle.wait_launched(handle.PICKUP_S)
         return handle
-
-    def _start_here(self, handle: CompletionHandle) -> bool:
-        """Run the request's part before its first forward on this (the submitter's) thread, if the engine
-        thread is idle or becomes so within CompletionHandle.PICKUP_S, and queue the rest; False (nothing
-        done) otherwise. That part is host work: the slot match, the plan, and on a keystroke the first
-        token, sampled from the logits the slot kept (engine/generate.py's `generation`). Done here it
-        needs neither the engine thread's wake-up nor a hop back to the submitter's loop for its text,
-        which its consumer finds waiting; the submitter was going to wait about as long for the engine
-        thread to do it (the hand-off)."""
-        if not self._queue.empty() or not self._running.acquire(timeout=handle.PICKUP_S):
-            return False
-        try:
-            if not self._queue.empty():  # queued meanwhile: requests run in order
-                return False
-            steps = self._generation(handle, None)
-            try:
-                next(steps)  # up to the first forward, or to the end
-            except StopIteration as done:
-                self._completed(handle, done.value)
-                return True
-            except Exception as e:
-                self._failed(handle, e)
-                return True
-            self._queue.put((handle, steps))  # the engine thread goes on from the forward
-            return True
-        finally:
-            self._running.release()
 
     def complete(self, request: CompletionRequest, timeout: float | None = None) -> Completion:
         return self.submit(request).result(timeout)
@@ -214,48 +178,35 @@ class Engine:
         self.close()
 
     def _loop(self) -> None:
-        while (item := self._queue.get()) is not None:
-            handle, steps = item if isinstance(item, tuple) else (item, None)
-            with self._running:
-                try:
-                    if steps is None:
-                        steps = self._generation(handle, handle._mark_launched)
-                    result = finish(steps)
-                except Exception as e:  # any failure of one request must not stop the engine thread
-                    self._failed(handle, e)
-                    continue
-                finally:
-                    handle._mark_launched()  # one that stopped before its first sample frees its submitter
-                self._completed(handle, result)
-
-    def _generation(
-        self, handle: CompletionHandle, launched: Callable[[], None] | None
-    ) -> Generator[None, None, Completion]:
-        return generation(
-            handle.request,
-            self.runner,
-            self.cache,
-            self.tokenizer,
-            handle._cancel,
-            handle._publish,  # its first parameter is the event
-            self.config.prefill_chunk,
-            handle.submitted_at,
-            launched=launched,
-        )
-
-    def _failed(self, handle: CompletionHandle, e: Exception) -> None:
-        log.exception("request failed")
-        with self._lock:
-            self._counters["errors"] += 1
-        handle._publish(error=e if isinstance(e, EngineError) else EngineError(f"generation failed: {e}"))
-
-    def _completed(self, handle: CompletionHandle, result: Completion) -> None:
-        s = result.stats
-        with self._lock:
-            c = self._counters
-            c["completed" if s.stop_reason is not StopReason.CANCELLED else "cancelled"] += 1
-            for key in ("prompt_tokens", "reused_tokens", "prefilled_tokens", "generated_tokens"):
-                c[key] += getattr(s, key)
-            if s.ttft_s is not None:
-                self._ttfts.append(s.ttft_s)
-        handle._publish(result=result)
+        while (handle := self._queue.get()) is not None:
+            try:
+                result = generate(
+                    handle.request,
+                    self.runner,
+                    self.cache,
+                    self.tokenizer,
+                    handle._cancel,
+                    handle._publish,  # its first parameter is the event
+                    self.config.prefill_chunk,
+                    handle.submitted_at,
+                    launched=handle._mark_launched,
+                )
+            except Exception as e:  # any failure of one request must not stop the engine thread
+                log.exception("request failed")
+                with self._lock:
+                    self._counters["errors"] += 1
+                handle._publish(
+                    error=e if isinstance(e, EngineError) else EngineError(f"generation failed: {e}")
+                )
+                continue
+            finally:
+                handle._mark_launched()  # one that stopped before its first sample frees its submitter too
+            s = result.stats
+            with self._lock:
+                c = self._counters
+                c["completed" if s.stop_reason is not StopReason.CANCELLED else "cancelled"] += 1
+                for key in ("prompt_tokens", "reused_tokens", "prefilled_tokens", "generated_tokens"):
+                    c[key] += getattr(s, key)
+                if s.ttft_s is not None:
+                    self._ttfts.append(s.ttft_s)
+            handle._publish(result=result)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -170,42 +170,9 @@ def generate(
     healing: Healing = HEALING,
     launched: Callable[[], None] | None = None,
 ) -> Completion:
-    """Run `request` to its stop, emitting token events: `generation` driven to its end on this thread.
-    `launched` is called once: when this thread is about to wait for a forward it queued (the runner asks
-    `stale` there, and the sample after a forward waits), or to emit visible text, whichever comes first;
-    not at all if the request stops before."""
-    steps = generation(
-        request, runner, cache, tokenizer, cancel, emit, prefill_chunk, queued_at, healing, launched
-    )
-    return finish(steps)
-
-
-def finish(steps: Generator[None, None, Completion]) -> Completion:
-    """Drive a `generation` to its end; its completion."""
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            result: Completion = done.value
-            return result
-
-
-def generation(
-    request: CompletionRequest,
-    runner: Runner,
-    cache: KVCache,
-    tokenizer: Tokenizer,
-    cancel: threading.Event,
-    emit: Callable[[TokenEvent], None],
-    prefill_chunk: int,
-    queued_at: float,
-    healing: Healing = HEALING,
-    launched: Callable[[], None] | None = None,
-) -> Generator[None, None, Completion]:
-    """`generate`'s steps: it yields before each forward (prefill chunk or decode step) and returns the
-    completion. What comes before the first forward is host work only (the slot match, the plan, a
-    first token sampled from cached logits, the tokens a kept draft replays): a submitter can run that
-    part on its own thread and leave the rest, from the yield on, to the engine's (Engine.submit)."""
+    """Run `request` to its stop, emitting token events. `launched` is called once: when this thread is
+    about to wait for a forward it queued (the runner asks `stale` there, and the sample after a forward
+    waits), or to emit visible text, whichever comes first; not at all if the request stops before."""
     started = time.perf_counter()
     params = request.params
     device = cache.buffer.device
@@ -235,7 +202,6 @@ def generation(
     stop = interrupted()
     while stop is None and pos < len(prompt):
         n = min(prefill_chunk, len(prompt) - pos)
-        yield  # a forward next
         ids = torch.tensor(prompt[pos : pos + n], dtype=torch.long, device=device)  # (n,)
         logits = runner.prefill(ids, pos, slot.index, stale)
         if logits is None:
@@ -306,7 +272,6 @@ def generation(
                 replayed += 1
             else:
                 draft = ()  # from here on the rows are rewritten
-                yield  # a forward next
                 logits = runner.decode(token, pos, slot.index, stale)
                 steps += 1
                 if logits is None:

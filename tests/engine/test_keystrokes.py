@@ -41,10 +41,8 @@ class Typist:
     """One document typed into as the server does it: a prompt per keystroke, the head and the slot's
     pieces carried from one to the next."""
 
-    def __init__(self, engine: Engine, hand_off: bool = False) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.hand_off = hand_off  # submitted as the server submits (Engine.submit's hand_off)
-        self.ready_at_submit: list[bool] = []  # whether the first token was there when submit returned
         self.builder = PromptBuilder(engine.tokenizer, Budgets().fit(engine.max_context, 16))
         self.head: Head | None = None
         self.pieces: list[Piece] = []
@@ -53,8 +51,7 @@ class Typist:
         prompt = self.builder.build(text, cursor, head=self.head, known=self.pieces)
         params = SamplingParams(max_tokens=max_tokens)
         request = CompletionRequest(prompt.ids, params, slot_key="doc", heal_text=prompt.heal_text)
-        handle = self.engine.submit(request, hand_off=self.hand_off)
-        self.ready_at_submit.append(bool(handle._events))
+        handle = self.engine.submit(request)
         events = list(handle)
         done = handle.result()
         rewound = events[0].rewound if events else 0
@@ -129,48 +126,3 @@ def test_a_word_no_token_spells_is_spelled_again_from_the_slot_without_a_forward
     with Engine(replace(engine.config, num_slots=1)) as cold:
         fresh = cold.complete(CompletionRequest(last.ids, params, heal_text=last.heal_text))
     assert fresh.token_ids == done.token_ids and fresh.stats.replayed_tokens == 0
-
-
-def test_the_first_part_runs_on_the_submitting_thread_with_the_same_tokens(engine: Engine) -> None:
-    """With `inline_first_part` (the default on CUDA) a handed-off request runs up to its first forward
-    on the submitter's thread: a keystroke's first token, sampled from the slot's logits, is in the
-    handle when submit returns, and every token is what the engine thread alone would have produced."""
-    at = DOC.index("    return len(chunks)")
-    runs = {}
-    for here in (False, True):
-        engine.inline_first_part = here
-        try:
-            text = DOC[:at] + "\n" + DOC[at:]
-            typist = Typist(engine, hand_off=True)
-            typist.request(text, at + 1)
-            keys = []
-            for k, ch in enumerate("    chunks.sort("):
-                text = text[: at + 1 + k] + ch + text[at + 1 + k :]
-                done, shown, heal = typist.request(text, at + 2 + k)
-                keys.append(
-                    (done.token_ids, shown, heal, done.stats.steps_to_text, done.stats.prefilled_tokens)
-                )
-            runs[here] = keys, typist.ready_at_submit[1:]
-        finally:
-            engine.inline_first_part = False
-    assert runs[True][0] == runs[False][0]
-    assert runs[True][1] == [True] * 16  # no prefill on any of them: the first token came before the return
-
-
-def test_a_busy_engine_thread_keeps_the_request_in_its_queue(engine: Engine) -> None:
-    engine.inline_first_part = True
-    try:
-        prompt = PromptBuilder(engine.tokenizer, Budgets().fit(engine.max_context, 16)).build(
-            DOC, len(DOC) - 3
-        )
-        long = engine.submit(CompletionRequest(prompt.ids, SamplingParams(max_tokens=200), slot_key="other"))
-        next(iter(long))  # running on the engine thread
-        keystroke = CompletionRequest(prompt.ids, SamplingParams(max_tokens=4), slot_key="doc")
-        handle = engine.submit(keystroke, hand_off=True)
-        assert not handle._events and not handle.done  # queued behind the running request
-        long.cancel()
-        got = handle.result(30)
-    finally:
-        engine.inline_first_part = False
-    assert got.token_ids == engine.complete(keystroke).token_ids
-    assert long.result().stats.stop_reason.value == "cancelled"
