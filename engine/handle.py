@@ -124,10 +124,9 @@ class CompletionHandle:
         return self._result
 
     def ready(self) -> list[TokenEvent]:
-        """The events published so far, taken by the caller. A keystroke's first text is often there when
-        submit returns (with `hand_off` the submitter waits until the engine thread has it, or has queued
-        a forward): its consumer can show it at once, before its stream starts (which it then starts
-        after them: `stream(len(ready))`)."""
+        """The events published so far, taken by the caller: a first token that the submitter's thread
+        computed (Engine.submit) is there when submit returns, and its consumer can show it at once,
+        before its stream starts (which it then starts after them: `stream(len(ready))`)."""
         with self._cond:
             events = list(self._events)
             if self._handover is None and any(e.text for e in events):

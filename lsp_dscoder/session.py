@@ -80,9 +80,9 @@ class Generation:
         self.task: asyncio.Task[None] | None = None  # held: the event loop keeps only a weak reference
 
     def start(self) -> None:
-        """Take the events already there (a keystroke's first text is often in the handle when the engine's
-        submit returns: the subscriber that comes next is then sent it at once, with no turn of the
-        loop), then follow the rest in a task."""
+        """Take the events already there (the engine may have sampled the first token on the submitting
+        thread: the subscriber that comes next is then sent its text at once, with no turn of the loop),
+        then follow the rest in a task."""
         ready = self.handle.ready()
         complete = any(self._take(event) for event in ready)  # stops at the event that completes it
         self.task = asyncio.ensure_future(self._pump(len(ready), complete))

@@ -23,7 +23,7 @@ class ScriptedHandle:
     def __init__(self, ready: tuple[str, ...] = ()) -> None:
         self.queue: asyncio.Queue[TokenEvent | None] = asyncio.Queue()
         self.cancelled = False
-        # events there before the generation starts, as a first text published before submit returned
+        # events there before the generation starts, as the engine's first token computed in `submit`
         self.early = [TokenEvent(index=i, token_id=i, text=t, piece=t) for i, t in enumerate(ready)]
 
     def push(self, *texts: str) -> None:
