@@ -123,26 +123,14 @@ class CompletionHandle:
         assert self._result is not None
         return self._result
 
-    def ready(self) -> list[TokenEvent]:
-        """The events published so far, taken by the caller: a first token that the submitter's thread
-        computed (Engine.submit) is there when submit returns, and its consumer can show it at once,
-        before its stream starts (which it then starts after them: `stream(len(ready))`)."""
-        with self._cond:
-            events = list(self._events)
-            if self._handover is None and any(e.text for e in events):
-                self._handover = taken = threading.Event()  # the first visible text is taken: no wait for it
-                taken.set()
-        return events
-
-    async def stream(self, start: int = 0) -> AsyncGenerator[TokenEvent, None]:
-        """The events from the `start`-th on, as they come."""
+    async def stream(self) -> AsyncGenerator[TokenEvent, None]:
         flag = asyncio.Event()
         entry = (asyncio.get_running_loop(), flag)
         with self._cond:
             self._wakers.append(entry)
             self._consumer_thread = threading.get_ident()
         try:
-            i = start
+            i = 0
             while True:
                 flag.clear()
                 with self._cond:

@@ -14,7 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lsp_dscoder.backend import Handle
 from lsp_dscoder.documents import Splice
@@ -23,9 +23,6 @@ from lsp_dscoder.prompt import Head
 from lsp_dscoder.settings import ResponseMode
 from lsp_dscoder.stats import Outcome, RequestRecord
 from lsp_dscoder.tokens import Piece
-
-if TYPE_CHECKING:
-    from lsp_dscoder.engine.api import TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -80,34 +77,22 @@ class Generation:
         self.task: asyncio.Task[None] | None = None  # held: the event loop keeps only a weak reference
 
     def start(self) -> None:
-        """Take the events already there (the engine may have sampled the first token on the submitting
-        thread: the subscriber that comes next is then sent its text at once, with no turn of the loop),
-        then follow the rest in a task."""
-        ready = self.handle.ready()
-        complete = any(self._take(event) for event in ready)  # stops at the event that completes it
-        self.task = asyncio.ensure_future(self._pump(len(ready), complete))
+        self.task = asyncio.ensure_future(self._pump())
 
-    def _take(self, event: TokenEvent) -> bool:
-        """One event into the suggestion; True once the suggestion is complete (the engine is then freed)."""
-        if event.token_id is not None:  # None: the decoder's flush at the end, no token
-            self.rewound = max(self.rewound, event.rewound)
-            self.pieces.append(Piece(event.token_id, event.piece or ""))
-        self.shaper.feed(event.text)
-        self._publish()
-        if self.shaper.stopped:
-            self.handle.cancel()  # the suggestion is complete: free the engine
-            return True
-        return False
-
-    async def _pump(self, start: int, complete: bool) -> None:
+    async def _pump(self) -> None:
         completion = None
         try:
-            if not complete:
-                # closed here, not when the loop collects it: a stream stops waking this loop once left
-                async with contextlib.aclosing(self.handle.stream(start)) as events:
-                    async for event in events:
-                        if self._take(event):
-                            break
+            # closed here, not when the loop collects it: a stream stops waking this loop once it is left
+            async with contextlib.aclosing(self.handle.stream()) as events:
+                async for event in events:
+                    if event.token_id is not None:  # None: the decoder's flush at the end, no token
+                        self.rewound = max(self.rewound, event.rewound)
+                        self.pieces.append(Piece(event.token_id, event.piece or ""))
+                    self.shaper.feed(event.text)
+                    self._publish()
+                    if self.shaper.stopped:
+                        self.handle.cancel()  # the suggestion is complete: free the engine
+                        break
             completion = await self.handle.wait()
         except self._errors as exc:
             log.error("generation failed: %s", exc)

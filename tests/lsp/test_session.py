@@ -20,11 +20,9 @@ CURSOR = DOC.index("\n    \n") + 5
 class ScriptedHandle:
     """Tokens arrive when the test pushes them; `cancel` ends the stream like the engine's flag."""
 
-    def __init__(self, ready: tuple[str, ...] = ()) -> None:
+    def __init__(self) -> None:
         self.queue: asyncio.Queue[TokenEvent | None] = asyncio.Queue()
         self.cancelled = False
-        # events there before the generation starts, as the engine's first token computed in `submit`
-        self.early = [TokenEvent(index=i, token_id=i, text=t, piece=t) for i, t in enumerate(ready)]
 
     def push(self, *texts: str) -> None:
         for i, text in enumerate(texts):
@@ -34,10 +32,7 @@ class ScriptedHandle:
         self.cancelled = True
         self.queue.put_nowait(None)
 
-    def ready(self) -> list[TokenEvent]:
-        return list(self.early)
-
-    async def stream(self, start: int = 0):
+    async def stream(self):
         while (event := await self.queue.get()) is not None:
             yield event
 
@@ -88,28 +83,6 @@ async def test_first_line_answers_early_and_partials_continue_to_the_end():
     assert handle.cancelled and gen.finished and done
     assert partials[-1] == ("return x\n    y = 1", True)
     assert [p[0] for p in partials] == ["return", "return x", "return x\n    y = 1", "return x\n    y = 1"]
-
-
-async def test_text_there_at_the_start_is_sent_before_the_loop_turns():
-    handle, done = ScriptedHandle(ready=("ret", "urn")), []
-    gen = Generation(
-        handle,
-        Shaper(CursorContext.at(DOC, CURSOR)),
-        text=DOC,
-        cursor=CURSOR,
-        mode=ResponseMode.FIRST_LINE,
-        on_done=lambda g, completion: done.append(g.shaper.rule),
-    )
-    gen.start()
-    partials: list = []
-    gen.subscribe(subscriber(Stats(), 1, 1, partials))
-    assert partials == [("return", False)] and [p.text for p in gen.pieces] == ["ret", "urn"]
-    handle.push(" x")  # the stream goes on after the events already taken
-    await settle()
-    assert partials == [("return", False), ("return x", False)]
-    handle.queue.put_nowait(None)
-    await settle()
-    assert gen.finished and done
 
 
 async def test_full_mode_answers_at_the_end():
