@@ -58,7 +58,8 @@ class CompletionRequest:
     longest common prefix wins, ties go to the slot last used with this key.
     """
 
-    prompt_ids: Sequence[int]  # the engine takes them as an array('q') (`prefix.as_ids`): pass one
+    # the engine takes them as an array('q') (`prefix.as_ids`): pass one, and leave it as it is until done
+    prompt_ids: Sequence[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     slot_key: str | None = None
     deadline: float | None = None

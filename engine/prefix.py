@@ -74,7 +74,7 @@ class VocabularyCheck:
         last = self._last.pop(key, ())
         bad = outside(ids[common_prefix(last, ids) :], self.vocab_size)
         if bad is None:
-            self._last[key] = ids
+            self._last[key] = ids[:]  # a copy: an array can change after it was checked (a tuple's is itself)
             if len(self._last) > self._documents:
                 self._last.popitem(last=False)
         return bad

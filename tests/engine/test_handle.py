@@ -93,6 +93,11 @@ def test_ids_are_int64_arrays_checked_in_c() -> None:
     assert ids.typecode == "q" and as_ids(ids) is ids and list(ids) == [5, 0, 7]
     long = as_ids([3] * 100 + [9])
     assert outside(long, 9) == 9 and outside(long, 10) is None and outside(as_ids([2] * 100 + [-1]), 9) == -1
+    # what was checked is remembered as it was, whatever its caller does with the array afterwards
+    check, checked = VocabularyCheck(10), as_ids([1, 2, 3])
+    assert check.outside("doc", checked) is None
+    checked[2] = 99
+    assert check.outside("doc", as_ids([1, 2, 99, 4])) == 99
     with pytest.raises(TypeError):
         as_ids((1, 2.5))
     with pytest.raises(OverflowError):
