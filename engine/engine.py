@@ -124,10 +124,15 @@ class Engine:
         On the CPU the forward is the engine thread's own work: nothing to overlap, no wait."""
         if self._closed:
             raise EngineClosedError("the engine has been shut down")
+        vocab = self.model_config.vocab_size
         try:
             ids = as_ids(request.prompt_ids)
-        except (TypeError, OverflowError) as exc:
-            raise EngineError(f"prompt ids must be integer token ids: {exc}") from None
+        except TypeError:
+            odd = next((t for t in request.prompt_ids if not isinstance(t, int)), None)
+            raise EngineError(f"token ids must be integers, got {odd!r}") from None
+        except OverflowError:  # beyond int64
+            bad = next(t for t in request.prompt_ids if not 0 <= t < vocab)
+            raise EngineError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})") from None
         if ids is not request.prompt_ids:
             request = dataclasses.replace(request, prompt_ids=ids)
         n = len(ids)
@@ -138,7 +143,6 @@ class Engine:
         with self._lock:  # submitted from any thread
             bad = self._vocabulary.outside(request.slot_key, ids)
         if bad is not None:
-            vocab = self.model_config.vocab_size
             raise EngineError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
         if not self.tokenizer.can_heal(request.heal_text):
             heal = request.heal_text

@@ -87,8 +87,13 @@ class RequestWriter:
         heal_ids = self.tokenizer.encode(request.heal_text) if request.heal_text else []
         try:
             ids = as_ids(request.prompt_ids) + array("q", heal_ids)
-        except (TypeError, OverflowError) as exc:
-            raise EngineError(f"prompt ids must be integer token ids: {exc}") from None
+        except TypeError:
+            odd = next((t for t in request.prompt_ids if not isinstance(t, int)), None)
+            raise EngineError(f"token ids must be integers, got {odd!r}") from None
+        except OverflowError:  # beyond int64
+            vocab = self.tokenizer.vocab_size
+            bad = next(t for t in request.prompt_ids if not 0 <= t < vocab)
+            raise EngineError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})") from None
         try:
             if self.config.token_ids:
                 prompt = self._prompts.encode(request.slot_key, ids)

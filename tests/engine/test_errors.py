@@ -137,6 +137,12 @@ def test_bad_requests_are_refused_and_engine_keeps_serving(tiny_model: Path) -> 
             eng.submit(CompletionRequest(prompt_ids=()))
         with pytest.raises(EngineError, match="token id 99999 is outside the vocabulary"):
             eng.submit(CompletionRequest(prompt_ids=(1, 99999)))
+        with pytest.raises(EngineError, match="token id -1 is outside the vocabulary"):
+            eng.submit(CompletionRequest(prompt_ids=(1, -1)))
+        with pytest.raises(EngineError, match=r"token ids must be integers, got 2\.0"):
+            eng.submit(CompletionRequest(prompt_ids=(1, 2.0)))  # type: ignore[arg-type]
+        with pytest.raises(EngineError, match=f"token id {2**70} is outside the vocabulary"):
+            eng.submit(CompletionRequest(prompt_ids=(1, 2**70)))
         ok = eng.complete(
             CompletionRequest(prompt_ids=(eng.tokenizer.bos_id, 40, 41), params=SamplingParams(max_tokens=2))
         )

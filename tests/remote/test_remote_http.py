@@ -13,6 +13,7 @@ import pytest
 
 from lsp_dscoder.bundled import default_model_path
 from lsp_dscoder.engine.api import CompletionRequest, SamplingParams
+from lsp_dscoder.engine.errors import EngineError
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.remote_config import RemoteConfig
 from lsp_dscoder.remote_http import Body, Endpoint, Events, RemoteError, read_head
@@ -74,6 +75,10 @@ def test_request_bytes_with_healed_text_and_the_model_list() -> None:
     assert wire.heal_ids == tok.encode("def") and list(wire.ids) == [tok.bos_id, 500, *tok.encode("def")]
     assert json.loads(_split_request(wire.data)[1])["prompt"] == list(wire.ids)
     assert "model" not in json.loads(_split_request(wire.data)[1])
+    refused = (((1, 2.0), "token ids must be integers, got 2.0"), ((1, 2**64), "outside the vocabulary"))
+    for bad, message in refused:
+        with pytest.raises(EngineError, match=message):
+            writer.wire(CompletionRequest(prompt_ids=bad, slot_key="b.py"), None)  # type: ignore[arg-type]
     assert writer.get_bytes("/v1/models") == (
         b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nAccept: text/event-stream\r\n"
         b"Content-Type: application/json\r\nAuthorization: Bearer sk-1\r\nContent-Length: 0\r\n\r\n"
