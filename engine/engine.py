@@ -131,8 +131,8 @@ class Engine:
             odd = next((t for t in request.prompt_ids if not isinstance(t, int)), None)
             raise EngineError(f"token ids must be integers, got {odd!r}") from None
         except OverflowError:  # beyond int64
-            bad = next(t for t in request.prompt_ids if not 0 <= t < vocab)
-            raise EngineError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})") from None
+            huge = next(t for t in request.prompt_ids if not 0 <= t < vocab)
+            raise EngineError(f"token id {huge} is outside the vocabulary (0..{vocab - 1})") from None
         if ids is not request.prompt_ids:
             request = dataclasses.replace(request, prompt_ids=ids)
         n = len(ids)
