@@ -24,7 +24,7 @@ from lsp_dscoder.engine.factory import ReferenceRunner as ReferenceRunner  # whe
 from lsp_dscoder.engine.factory import assemble, wants_fast_path
 from lsp_dscoder.engine.generate import generate
 from lsp_dscoder.engine.handle import CompletionHandle
-from lsp_dscoder.engine.prefix import VocabularyCheck, as_ids
+from lsp_dscoder.engine.prefix import VocabularyCheck, out_of_vocabulary, token_ids
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.engine.weights import load_weights
 
@@ -126,13 +126,9 @@ class Engine:
             raise EngineClosedError("the engine has been shut down")
         vocab = self.model_config.vocab_size
         try:
-            ids = as_ids(request.prompt_ids)
-        except TypeError:
-            odd = next((t for t in request.prompt_ids if not isinstance(t, int)), None)
-            raise EngineError(f"token ids must be integers, got {odd!r}") from None
-        except OverflowError:  # beyond int64
-            huge = next(t for t in request.prompt_ids if not 0 <= t < vocab)
-            raise EngineError(f"token id {huge} is outside the vocabulary (0..{vocab - 1})") from None
+            ids = token_ids(request.prompt_ids, vocab)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
         if ids is not request.prompt_ids:
             request = dataclasses.replace(request, prompt_ids=ids)
         n = len(ids)
@@ -143,7 +139,7 @@ class Engine:
         with self._lock:  # submitted from any thread
             bad = self._vocabulary.outside(request.slot_key, ids)
         if bad is not None:
-            raise EngineError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+            raise EngineError(out_of_vocabulary(bad, vocab))
         if not self.tokenizer.can_heal(request.heal_text):
             heal = request.heal_text
             raise EngineError(f"heal_text {heal!r} cannot be spelled by whole tokens of this vocabulary")

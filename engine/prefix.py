@@ -25,6 +25,23 @@ def as_ids(ids: Sequence[int]) -> array[int]:
     return array("q", ids)
 
 
+def out_of_vocabulary(bad: int, vocab_size: int) -> str:
+    """The message for a token id outside 0..vocab_size-1."""
+    return f"token id {bad} is outside the vocabulary (0..{vocab_size - 1})"
+
+
+def token_ids(ids: Sequence[int], vocab_size: int) -> array[int]:
+    """`as_ids(ids)`, or ValueError naming the id that is not an integer or lies beyond int64."""
+    try:
+        return as_ids(ids)
+    except TypeError:
+        odd = next((t for t in ids if not isinstance(t, int)), None)
+        raise ValueError(f"token ids must be integers, got {odd!r}") from None
+    except OverflowError:
+        bad = next(t for t in ids if not 0 <= t < vocab_size)
+        raise ValueError(out_of_vocabulary(bad, vocab_size)) from None
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix. Typing appends, so the answer is nearly always within the
     last few tokens of the shorter sequence: one comparison of whole slices settles the bulk, and a

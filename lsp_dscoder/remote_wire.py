@@ -18,7 +18,7 @@ from typing import Any
 
 from lsp_dscoder.engine.api import CompletionRequest, SamplingParams
 from lsp_dscoder.engine.errors import EngineError
-from lsp_dscoder.engine.prefix import as_ids, common_prefix, outside
+from lsp_dscoder.engine.prefix import common_prefix, out_of_vocabulary, outside, token_ids
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.remote_config import RemoteConfig
 from lsp_dscoder.remote_http import Endpoint, encode_json, request_head
@@ -86,15 +86,7 @@ class RequestWriter:
         clock = Stages()
         heal_ids = self.tokenizer.encode(request.heal_text) if request.heal_text else []
         try:
-            ids = as_ids(request.prompt_ids) + array("q", heal_ids)
-        except TypeError:
-            odd = next((t for t in request.prompt_ids if not isinstance(t, int)), None)
-            raise EngineError(f"token ids must be integers, got {odd!r}") from None
-        except OverflowError:  # beyond int64
-            vocab = self.tokenizer.vocab_size
-            bad = next(t for t in request.prompt_ids if not 0 <= t < vocab)
-            raise EngineError(f"token id {bad} is outside the vocabulary (0..{vocab - 1})") from None
-        try:
+            ids = token_ids(request.prompt_ids, self.tokenizer.vocab_size) + array("q", heal_ids)
             if self.config.token_ids:
                 prompt = self._prompts.encode(request.slot_key, ids)
             else:
@@ -135,7 +127,7 @@ class RequestWriter:
     def _as_text(self, ids: array[int]) -> str:
         vocab = self.tokenizer.vocab_size
         if bad := [t for t in ids if not 0 <= t < vocab]:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+            raise ValueError(out_of_vocabulary(bad[0], vocab))
         if ids and ids[0] == self.tokenizer.bos_id:
             ids = ids[1:]  # the endpoint adds BOS itself when it tokenises a text prompt
         return str(self._text_tokenizer.decode(ids.tolist(), skip_special_tokens=False))
@@ -159,7 +151,7 @@ class PromptIds:
         del ends[same:]
         tail = ids[same:]
         if (bad := outside(tail, self._vocab)) is not None:
-            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self._vocab - 1})")
+            raise ValueError(out_of_vocabulary(bad, self._vocab))
         pieces = [f"{t}," for t in tail]
         text = text[: ends[-1] if ends else 0] + "".join(pieces)
         ends.extend(itertools.accumulate(map(len, pieces), initial=ends[-1] if ends else 0))
