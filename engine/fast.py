@@ -7,9 +7,10 @@ SwiGLU, one down GEMM; then the LM head on the last valid position only.
 Steps of at most 16 tokens (keystrokes, decode, small prefills) may run their layer GEMMs on the skinny
 GEMM (kernels/skinny_gemm.py) instead of cuBLAS; which one wins depends on the shape, the bucket and the
 GPU (within a few percent either way on the H200, docs/kernels.md), so `capture` times both graphs per
-bucket and keeps the faster ("auto"). `pdl=True` launches every Triton kernel as a programmatic dependent
-of the one before (kernels/pdl.py); it is off by default because on the H200 it bought nothing measurable
-(docs/kernels.md).
+bucket and keeps the faster ("auto"). Where the GPU has programmatic dependent launch (kernels/pdl.py), a
+third graph per bucket launches every Triton kernel of the skinny path as a dependent of the one before, and
+the timing decides again: on the H200 it made the 1.3B shape's steps 6 % faster and the 6.7B shape's 4 %
+slower (docs/kernels.md).
 
 Small steps (a keystroke, a decode step) are captured as CUDA graphs per (slot, bucket): the step's
 tokens are padded to the bucket, the start position and the index of the last real token live in device
@@ -64,10 +65,11 @@ class FastRunner:
     """Runner (engine/generate.py) on the fast path. `graphs=False` runs the kernels eagerly (the CPU test
     suite does so under TRITON_INTERPRET=1). `gemm` for steps of <= MAX_M tokens: "cublas", "skinny", or
     "auto" (the faster per graph bucket, timed in `capture`; eager steps take the skinny GEMM). `pdl`: launch
-    with programmatic dependent launch (sm_90+); None: where the GPU supports it. `fused_combine`: decode
+    with programmatic dependent launch (sm_90+): always, never, or None: on the skinny path where the GPU
+    supports it, as one more graph per bucket that the timing keeps if faster. `fused_combine`: decode
     attention merges its splits in its last program instead of a second kernel (None: without GQA).
     `fused_norm`: on the skinny path, the residual add + RMSNorm before QKV and gate/up runs inside the GEMM
-    (two launches a layer fewer); None: "auto" times that graph as a third candidate per bucket. Off by
+    (two launches a layer fewer); None: "auto" times that graph as one more candidate per bucket. Off by
     default: both forms measured slower on the H200 than the launches they save, and auto never picked it
     while it cost the warm-up a third capture per bucket (docs/kernels.md). `fused_glu` (with it): the
     SwiGLU in the gate/up GEMM's epilogue (one launch more; measured slower, off). `parts`: each step's
@@ -81,7 +83,7 @@ class FastRunner:
         graphs: bool = True,
         buckets: tuple[int, ...] = BUCKETS,
         gemm: str = "auto",
-        pdl: bool | None = False,
+        pdl: bool | None = None,
         fused_combine: bool | None = None,
         fused_norm: bool | None = False,
         fused_glu: bool = False,
@@ -112,8 +114,12 @@ class FastRunner:
         self.counts = {"graph_replays": 0, "eager_forwards": 0}
         self.gemm = gemm
         self.skinny = gemm != "cublas"  # read by `linear` while a forward is traced or run
-        self.pdl = pdl_supported(dev) if pdl is None else pdl
-        self.chosen: dict[int, str] = {}  # bucket -> "cublas" | "skinny" | "skinny+norm", filled by capture
+        self.pdl_option = pdl
+        # Read by every launch while a forward is traced or run; graphs set it per choice (`_use`).
+        self.pdl = pdl is True
+        self.pdl_candidate = pdl is None and pdl_supported(dev)  # "skinny+pdl" is timed per bucket
+        # bucket -> "cublas" | "skinny" | "skinny+pdl" | "skinny+norm", filled by capture
+        self.chosen: dict[int, str] = {}
         self.graph_pool_bytes = 0  # GPU memory of the captured graphs, measured by capture
         # None: with gemm="auto", the fused skinny graph is one more candidate per bucket (timed in
         # capture); eager steps do not fuse.
@@ -327,22 +333,27 @@ class FastRunner:
             if progress:
                 progress("capturing CUDA graphs", i + 1, len(todo))
         self.skinny, self.norm_now = self.gemm != "cublas", self.fused_norm is True
+        self.pdl = self.pdl_option is True
         torch.cuda.synchronize()
         losers.clear()
         torch.cuda.empty_cache()
         self.graph_pool_bytes = torch.cuda.memory_reserved() - reserved
 
     def _use(self, choice: str) -> None:
-        """Set the flags `linear` and `norm_linear` read for a GEMM choice."""
+        """Set the flags the launches read for a choice: GEMM, norm fusion, programmatic launch."""
         self.skinny = choice != "cublas"
         self.norm_now = choice == "skinny+norm" or (self.skinny and self.fused_norm is True)
+        self.pdl = choice == "skinny+pdl" or self.pdl_option is True
 
     def _choices(self, bucket: int) -> tuple[str, ...]:
         if bucket > MAX_M or self.gemm == "cublas":
             return ("cublas",)
+        # PDL only with the skinny GEMM: a cuBLAS kernel between two Triton ones breaks the chain.
+        pdl = ("skinny+pdl",) if self.pdl_candidate else ()
         if self.gemm == "auto":
-            return ("cublas", "skinny", "skinny+norm") if self.fused_norm is None else ("cublas", "skinny")
-        return ("skinny",)
+            norm = ("skinny+norm",) if self.fused_norm is None else ()
+            return ("cublas", "skinny", *pdl, *norm)
+        return ("skinny", *pdl)
 
     def _capture_one(self, bucket: int, slot: int) -> StepGraph:
         parts: list[torch.cuda.CUDAGraph] = []

@@ -140,7 +140,6 @@ def _awq_kernel(
     w_ok = rw < words
     g_lo = pid_k * groups_per_split
     g_hi = tl.minimum(g_lo + groups_per_split, groups)
-    pdl_release(PDL)
     pdl_wait(PDL)  # x is the previous kernel's output
     a0 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
     a1 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
@@ -188,6 +187,7 @@ def _awq_kernel(
         a5 += group_term(d5, xs, zw, srow, w_ok, 5)
         a6 += group_term(d6, xs, zw, srow, w_ok, 6)
         a7 += group_term(d7, xs, zw, srow, w_ok, 7)
+    pdl_release(PDL)  # the weight stream is done: the next kernel may launch
     finish(a0, a1, a2, a3, a4, a5, a6, a7, out_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, M, N,
            BLOCK_M, BLOCK_W, SPLIT_K)  # fmt: skip
 

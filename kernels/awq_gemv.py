@@ -180,7 +180,6 @@ def _gemv_kernel(
     w_ok = rw < words
     g_lo = pid_k * groups_per_split
     g_hi = tl.minimum(g_lo + groups_per_split, groups)
-    pdl_release(PDL)
     pdl_wait(PDL)  # x is the previous kernel's output
     a0 = tl.zeros((BLOCK_W,), tl.float32)
     a1 = tl.zeros((BLOCK_W,), tl.float32)
@@ -238,6 +237,7 @@ def _gemv_kernel(
         a5 += _group_term1(d5, xs, zw, srow, w_ok, 5)
         a6 += _group_term1(d6, xs, zw, srow, w_ok, 6)
         a7 += _group_term1(d7, xs, zw, srow, w_ok, 7)
+    pdl_release(PDL)  # the weight stream is done: the next kernel may launch
     rm = tl.arange(0, 1)
     finish(a0[None, :], a1[None, :], a2[None, :], a3[None, :], a4[None, :], a5[None, :], a6[None, :],
            a7[None, :], out_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, 1, N, 1, BLOCK_W,

@@ -160,7 +160,6 @@ def _mma_kernel(
     kb0 = g_lo * LPG
     if DEPTH == 1:  # weights are no kernel's output: the first load may go out before the wait
         w_next = tl.load(qp_ptr + kb0 * (32 * LW) + w_off)
-    pdl_release(PDL)
     pdl_wait(PDL)  # x is the previous kernel's output
     if DEPTH == 1:
         xa_next, xb_next = _load_b(x_ptr, kb0, x_off, LW)
@@ -255,6 +254,7 @@ def _mma_kernel(
             a5 += s0 * (16.0 * e1 - (16.0 + z0) * u1)
             a6 += s1 * (16.0 * e2 - (16.0 + z1) * u2)
             a7 += s1 * (16.0 * e3 - (16.0 + z1) * u3)
+    pdl_release(PDL)  # the weight stream is done: the next kernel may launch
     m0 = 2 * t  # D fragment columns: x rows 2t, 2t + 1
     _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, nt_ok, M, N, SPLIT_K, 0)
     if MB == 2:

@@ -25,7 +25,7 @@ from .contract import (
     interpreting,
 )
 from .extend_attention import extend_attention_ref
-from .pdl import check_pdl, launch_options, pdl_enter
+from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 from .split_kv import (
     LOG2E,
     NEG_BIG,
@@ -64,7 +64,7 @@ def _decode_kernel(
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_enter(PDL)
+    pdl_wait(PDL)
     kv_head = tl.program_id(0)
     split_id = tl.program_id(1)
     # Clamped so that a bad seq_len reads no memory outside the cache (the host cannot see it).
@@ -98,6 +98,7 @@ def _decode_kernel(
         qk = tl.where(kv_ok[None, :], qk, float("-inf"))
         m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, v_ptr.dtype.element_ty, PRECISION)
 
+    pdl_release(PDL)  # the KV stream is done: the next kernel may launch
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
     if SPLIT:

@@ -25,7 +25,7 @@ from .contract import (
     interpreting,
 )
 from .extend_prefill import PrefillTiles, launch_prefill, prefill_tiles
-from .pdl import check_pdl, launch_options, pdl_enter
+from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 from .split_kv import (
     LOG2E,
     NEG_BIG,
@@ -62,7 +62,7 @@ def _extend_kernel(
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_enter(PDL)
+    pdl_wait(PDL)
     # Last row blocks first: under the causal mask they see the most keys, and starting the longest
     # programs first keeps the tail of a prefill launch short.
     row_block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -119,6 +119,7 @@ def _extend_kernel(
         qk = tl.where(visible, qk, float("-inf"))
         m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, v_ptr.dtype.element_ty, PRECISION)
 
+    pdl_release(PDL)  # the KV stream is done: the next kernel may launch
     # A row with no visible key in this split (l = 0) leaves output 0 and log-sum -inf: weight 0 in combine.
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]

@@ -1,12 +1,14 @@
-"""Programmatic dependent launch (Hopper and later): the next kernel of a small step starts while this one
-finishes, so the launch gap between dependent kernels (about 1.5 us each inside a CUDA graph, ten kernels
-a layer) overlaps the previous kernel instead of following it.
+"""Programmatic dependent launch (Hopper and later): the next kernel of a small step launches while this one
+finishes, so its launch and start-up overlap the end of this one instead of following it.
 
-Every kernel that takes `PDL` calls `pdl_enter` before it touches memory another kernel writes: it lets its
-own successor launch, then waits until its predecessor has finished and its writes are visible. Work that
-reads only weights (nothing in the step writes them) may run before the wait: the skinny GEMM prefetches
-its first weight tiles there. A predecessor launched without the attribute (a cuBLAS GEMM, a PyTorch op)
-simply completes first, as in any stream; the wait then returns at once.
+Every kernel that takes `PDL` waits (`pdl_wait`) before it touches memory another kernel writes, and lets
+its successor launch (`pdl_release`). Where it does so matters. Kernels with a main loop (the GEMMs, the
+attention kernels) release once their loop is done: their successor then launches during the epilogue.
+The small kernels (norms, RoPE, SwiGLU, the split combine) release at entry (`pdl_enter`), so the GEMM or
+attention kernel after them is resident and waiting when they finish. Releasing at entry in the big kernels
+too, or prefetching weights into L2 before the wait, made steps slower on the H200 (docs/kernels.md). A
+predecessor launched without the attribute (a cuBLAS GEMM, a PyTorch op) simply completes first, as in any
+stream; the wait then returns at once.
 """
 
 from __future__ import annotations

@@ -40,9 +40,6 @@ from .skinny_parts import NormPrologue, _finish, _row_inv_rms
 from .split_kv import dot_operands_fp32, dot_precision
 
 MAX_M = 16  # rows of x a program holds: one tl.dot tile
-# Columns of its weight rows a program asks L2 for before waiting on the previous kernel (under PDL): a few
-# tiles, so the stream starts at full rate when the wait returns; more would crowd L2 for the next kernels.
-PREFETCH_K = tl.constexpr(1024)
 
 
 @dataclass(frozen=True)
@@ -83,7 +80,6 @@ def _skinny_kernel(
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -99,19 +95,6 @@ def _skinny_kernel(
     x_row = rm.to(tl.int64)[:, None] * (2 * K if SWIGLU else K)
     w_row = rn_safe.to(tl.int64)[:, None] * K
     w_row_up = (rn_safe + N).to(tl.int64)[:, None] * K  # GLU: the up half's matching rows
-    pdl_release(PDL)
-    if PREFETCH:
-        # Weights are written by nobody in a step: read them into L2 while the previous kernel finishes,
-        # one prefetch per 128-byte line.
-        pk = tl.minimum(k_lo + tl.arange(0, PREFETCH_K // 64) * 64, K - 1)
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;",
-            "=r,l",
-            [w_ptr + w_row + pk[None, :]],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
     pdl_wait(PDL)  # x is the previous kernel's output
     # With whole rows (no split-K) the norm's statistic accumulates from the tiles streamed anyway and
     # scales the product at the end, so the weight stream starts at once; a K share must see the whole row
@@ -162,6 +145,7 @@ def _skinny_kernel(
         if GLU:
             acc_up += tl.dot(a, tl.trans(w_up), input_precision=PRECISION)
 
+    pdl_release(PDL)  # the weight stream is done: the next kernel may launch
     out_off = rm[:, None] * N + rn[None, :]
     out_mask = m_ok[:, None] & n_ok[None, :]
     if SPLIT_K == 1:
@@ -236,7 +220,7 @@ def skinny_gemm(
     product is (silu(gate) * up) @ w.T; with norm, the product is rmsnorm(x + residual) @ w.T and
     norm.residual_out receives x + residual; with glu, w is [gate | up] (2N, K) and the result (M, N) is
     silu(x @ gate.T) * (x @ up.T). Split-K configs need a workspace (one is allocated if none).
-    pdl: launch as a programmatic dependent of the previous kernel, prefetching weights meanwhile."""
+    pdl: launch as a programmatic dependent of the previous kernel (kernels/pdl.py)."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor("w", w, ndim=2, dtypes=(x.dtype,), device=x.device)
     m, width = x.shape
@@ -308,7 +292,6 @@ def skinny_gemm(
         UPCAST=dot_operands_fp32(x.dtype),
         PRECISION=dot_precision(x.dtype),
         PDL=pdl,
-        PREFETCH=pdl and x.dtype == torch.bfloat16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **launch_options(pdl),
