@@ -41,10 +41,11 @@ from lsp_dscoder.kernels.pdl import pdl_supported
 from lsp_dscoder.kernels.rms_norm import rms_norm
 from lsp_dscoder.kernels.rope_store import rope_cos_sin, rope_store
 from lsp_dscoder.kernels.silu_mul import silu_mul
-from lsp_dscoder.kernels.skinny_gemm import MAX_M, SkinnyWorkspace, skinny_gemm
-from lsp_dscoder.kernels.skinny_parts import NormPrologue
+from lsp_dscoder.kernels.skinny_gemm import MAX_M, SkinnyWorkspace, column_blocks, skinny_gemm
+from lsp_dscoder.kernels.skinny_parts import NormPrologue, ResidualEpilogue, RmsScale
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+ATTN_IN, MLP_IN = 0, 1  # FastRunner.sums rows: before the QKV projection, before gate/up
 GEMM_CHOICES = ("auto", "cublas", "skinny")
 # What the layers pass on: the last layer's output (None before the first) and the residual stream.
 State = tuple[torch.Tensor | None, torch.Tensor]
@@ -87,6 +88,7 @@ class FastRunner:
         fused_combine: bool | None = None,
         fused_norm: bool | None = False,
         fused_glu: bool = False,
+        fused_residual: bool | None = None,
         parts: int | None = None,
     ) -> None:
         if gemm not in GEMM_CHOICES:
@@ -118,7 +120,7 @@ class FastRunner:
         # Read by every launch while a forward is traced or run; graphs set it per choice (`_use`).
         self.pdl = pdl is True
         self.pdl_candidate = pdl is None and pdl_supported(dev)  # "skinny+pdl" is timed per bucket
-        # bucket -> "cublas" | "skinny" | "skinny+pdl" | "skinny+norm", filled by capture
+        # bucket -> "cublas", "skinny" or "skinny" with options ("skinny+res+pdl", `_use`), filled by capture
         self.chosen: dict[int, str] = {}
         self.graph_pool_bytes = 0  # GPU memory of the captured graphs, measured by capture
         # None: with gemm="auto", the fused skinny graph is one more candidate per bucket (timed in
@@ -126,6 +128,17 @@ class FastRunner:
         self.fused_norm = fused_norm
         self.norm_now = fused_norm is True  # read by `norm_linear` while a forward is traced or run
         self.fused_glu = fused_glu  # applies with fused_norm
+        # Residual add + RMSNorm without a launch: the O and down projections add into the residual stream
+        # and leave their rows' sums of squares, and the next projection scales by them (kernels/
+        # skinny_parts.py). Skinny graphs only; `residual_now` is read while a forward is traced.
+        # True: every skinny step; None: one more graph per bucket, kept if faster.
+        self.fused_residual = fused_residual
+        self.residual_now = fused_residual is True and gemm != "cublas"
+        c = cfg.hidden_size
+        # Row sums of squares per N block, [ATTN_IN] left by a down projection for the next QKV, [MLP_IN] by
+        # an O projection for gate/up; and the block counts of those two launches.
+        self.sums = torch.zeros(2, -(-c // 16) * MAX_M, dtype=torch.float32, device=dev)
+        self.sum_blocks = (column_blocks(c, cfg.intermediate_size, dev), column_blocks(c, cfg.q_size, dev))
         # Decode attention's arrival counters (one per KV head, zero between launches): with them the last
         # split merges the partials itself, one launch a layer fewer. By default only without GQA: the
         # merging split does one query head at a time, and at 7 heads per KV head (33B) that took the
@@ -221,7 +234,7 @@ class FastRunner:
     ) -> State | None:
         """The layers `layers` of the forward, from `state` (the last layer's output, None before the first
         layer, and the residual stream); None when `interrupted` says stop."""
-        cfg, w, cache, pdl = self.cfg, self.model.w, self.cache, self.pdl
+        cfg, w, pdl = self.cfg, self.model.w, self.pdl
         x, residual = state
         t = residual.shape[0]
         seq_len = start + 1  # decode: the current token included
@@ -230,6 +243,9 @@ class FastRunner:
                 return None
             layer = w.layers[n]
             aq = layer.quant  # packed AWQ matrices, or None
+            if self.residual_now and aq is None and t <= MAX_M:
+                x, residual = self.fused_layer(n, x, residual, start, seq_len, slot)
+                continue
             if x is None:
                 x = rms_norm(residual, layer.input_norm, cfg.rms_norm_eps, pdl=pdl)
                 residual = residual.clone()
@@ -238,16 +254,7 @@ class FastRunner:
                 qkv, residual = self.norm_linear(
                     x, residual, layer.input_norm, layer.wqkv, aq.wqkv if aq else None
                 )
-            k_cache, v_cache = cache.k(n, slot), cache.v(n, slot)  # (KVH, capacity, D)
-            q = rope_store(
-                qkv, self.cos_sin, start, k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads, pdl=pdl
-            )
-            if t == 1:
-                attn = decode_attention(  # (1, H, D)
-                    q, k_cache, v_cache, seq_len, self.scale, pdl=pdl, counts=self.attn_counts
-                )
-            else:
-                attn = extend_attention(q, k_cache, v_cache, start, self.scale, pdl=pdl)  # (T, H, D)
+            attn = self.attention(qkv, start, seq_len, n, slot)  # (T, H, D)
             o = self.linear(attn.view(t, cfg.q_size), layer.wo, aq.wo if aq else None)  # (T, C)
             post = layer.post_norm  # residual += attn out, the norm, gate/up, SwiGLU: (T, I)
             act, residual = self.norm_linear(
@@ -255,6 +262,49 @@ class FastRunner:
             )
             x = self.linear(act, layer.w_down, aq.w_down if aq else None)  # (T, C)
         return x, residual
+
+    def attention(
+        self, qkv: torch.Tensor, start: torch.Tensor, seq_len: torch.Tensor, n: int, slot: int
+    ) -> torch.Tensor:
+        """RoPE and the K/V store of layer n's new rows, then attention over the slot: (T, H, D). seq_len
+        (start + 1, made once a forward) is what decode attention reads."""
+        cfg, pdl, counts = self.cfg, self.pdl, self.attn_counts
+        k_cache, v_cache = self.cache.k(n, slot), self.cache.v(n, slot)  # (KVH, capacity, D)
+        q = rope_store(qkv, self.cos_sin, start, k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads, pdl=pdl)
+        if qkv.shape[0] == 1:
+            return decode_attention(q, k_cache, v_cache, seq_len, self.scale, pdl=pdl, counts=counts)
+        return extend_attention(q, k_cache, v_cache, start, self.scale, pdl=pdl)
+
+    def fused_layer(
+        self,
+        n: int,
+        x: torch.Tensor | None,
+        residual: torch.Tensor,
+        start: torch.Tensor,
+        seq_len: torch.Tensor,
+        slot: int,
+    ) -> State:
+        """Layer n of a skinny step with the residual adds and norms in the GEMMs (kernels/skinny_parts.py):
+        x is the residual times this layer's input-norm weight (after layer 0), and the layer returns the
+        same for the next one; the last layer returns its down projection, for `head` to add and norm."""
+        layers, eps, pdl, ws = self.model.w.layers, self.cfg.rms_norm_eps, self.pdl, self.workspace
+        layer = layers[n]
+        if x is None:  # the embedding row: its norm as a kernel, once a step
+            x = rms_norm(residual, layer.input_norm, eps, pdl=pdl)
+            residual = residual.clone()
+            qkv = skinny_gemm(x, layer.wqkv, workspace=ws, pdl=pdl)
+        else:
+            scale = RmsScale(self.sums[ATTN_IN], self.sum_blocks[ATTN_IN], eps)
+            qkv = skinny_gemm(x, layer.wqkv, workspace=ws, pdl=pdl, rms=scale)  # (T, (H + 2*KVH) * D)
+        attn = self.attention(qkv, start, seq_len, n, slot).view(-1, self.cfg.q_size)  # (T, H * D)
+        add = ResidualEpilogue(residual, layer.post_norm, self.sums[MLP_IN])
+        x_mlp = skinny_gemm(attn, layer.wo, workspace=ws, pdl=pdl, residual=add)  # (T, C)
+        scale = RmsScale(self.sums[MLP_IN], self.sum_blocks[MLP_IN], eps)
+        act = silu_mul(skinny_gemm(x_mlp, layer.w_gate_up, workspace=ws, pdl=pdl, rms=scale), pdl=pdl)
+        if n == len(layers) - 1:
+            return skinny_gemm(act, layer.w_down, workspace=ws, pdl=pdl), residual
+        add = ResidualEpilogue(residual, layers[n + 1].input_norm, self.sums[ATTN_IN])
+        return skinny_gemm(act, layer.w_down, workspace=ws, pdl=pdl, residual=add), residual
 
     def head(self, state: State, last: torch.Tensor) -> torch.Tensor:
         """The final norm and the LM head on row `last`: float32 logits (1, V)."""
@@ -333,27 +383,33 @@ class FastRunner:
             if progress:
                 progress("capturing CUDA graphs", i + 1, len(todo))
         self.skinny, self.norm_now = self.gemm != "cublas", self.fused_norm is True
-        self.pdl = self.pdl_option is True
+        self.pdl, self.residual_now = self.pdl_option is True, self.skinny and self.fused_residual is True
         torch.cuda.synchronize()
         losers.clear()
         torch.cuda.empty_cache()
         self.graph_pool_bytes = torch.cuda.memory_reserved() - reserved
 
     def _use(self, choice: str) -> None:
-        """Set the flags the launches read for a choice: GEMM, norm fusion, programmatic launch."""
-        self.skinny = choice != "cublas"
-        self.norm_now = choice == "skinny+norm" or (self.skinny and self.fused_norm is True)
-        self.pdl = choice == "skinny+pdl" or self.pdl_option is True
+        """Set the flags the launches read for a choice: "cublas", or "skinny" with "+res" (the residual
+        adds and norms in the GEMMs), "+pdl" (programmatic launches) or "+norm" (the norm prologue)."""
+        parts = choice.split("+")
+        self.skinny = parts[0] == "skinny"
+        self.norm_now = "norm" in parts or (self.skinny and self.fused_norm is True)
+        self.residual_now = "res" in parts or (self.skinny and self.fused_residual is True)
+        self.pdl = "pdl" in parts or self.pdl_option is True
 
     def _choices(self, bucket: int) -> tuple[str, ...]:
         if bucket > MAX_M or self.gemm == "cublas":
             return ("cublas",)
-        # PDL only with the skinny GEMM: a cuBLAS kernel between two Triton ones breaks the chain.
-        pdl = ("skinny+pdl",) if self.pdl_candidate else ()
+        # Where an option is None, both ways are timed. PDL only with the skinny GEMM: a cuBLAS kernel
+        # between two Triton ones breaks the chain.
+        res = ("", "+res") if self.fused_residual is None else ("",)
+        pdl = ("", "+pdl") if self.pdl_candidate else ("",)
+        skinny = tuple(f"skinny{r}{p}" for r in res for p in pdl)
         if self.gemm == "auto":
             norm = ("skinny+norm",) if self.fused_norm is None else ()
-            return ("cublas", "skinny", *pdl, *norm)
-        return ("skinny", *pdl)
+            return ("cublas", *skinny, *norm)
+        return skinny
 
     def _capture_one(self, bucket: int, slot: int) -> StepGraph:
         parts: list[torch.cuda.CUDAGraph] = []

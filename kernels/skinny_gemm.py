@@ -36,7 +36,7 @@ import triton.language as tl
 
 from .contract import FLOAT_DTYPES, check_out, check_tensor, interpreting
 from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
-from .skinny_parts import NormPrologue, _finish, _row_inv_rms
+from .skinny_parts import NormPrologue, ResidualEpilogue, RmsScale, _epilogue, _row_inv_rms
 from .split_kv import dot_operands_fp32, dot_precision
 
 MAX_M = 16  # rows of x a program holds: one tl.dot tile
@@ -60,9 +60,11 @@ def _skinny_kernel(
     out_ptr,  # (M, N)
     part_ptr,  # (SPLIT_K, M, N) fp32 partials when SPLIT_K > 1
     count_ptr,  # (cdiv(N, BLOCK_N),) int32, zero between launches, when SPLIT_K > 1
-    res_ptr,  # (M, K) residual when NORM
-    norm_w_ptr,  # (K,) norm weight when NORM
+    res_ptr,  # (M, K) residual when NORM; (M, N) when RESIDUAL
+    norm_w_ptr,  # (K,) norm weight when NORM; (N,) when RESIDUAL
     res_out_ptr,  # (M, K) x + residual when NORM
+    sums_ptr,  # (blocks, BLOCK_M) fp32 row sums of squares: written when RESIDUAL, read when RMS
+    sum_blocks,  # RMS: blocks of the launch that wrote sums_ptr
     eps,
     M,
     N,
@@ -75,6 +77,9 @@ def _skinny_kernel(
     SWIGLU: tl.constexpr,
     GLU: tl.constexpr,
     NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr,  # ResidualEpilogue
+    RMS: tl.constexpr,  # RmsScale
+    BLOCK_B: tl.constexpr,  # sum_blocks padded to a power of two
     BLOCK_KF: tl.constexpr,  # K padded to a power of two, when NORM
     EVEN_K: tl.constexpr,  # K == SPLIT_K * k_per_split: no K masks
     UPCAST: tl.constexpr,
@@ -153,7 +158,8 @@ def _skinny_kernel(
             late_inv = tl.rsqrt(sum_sq / K + eps)
             acc *= late_inv[:, None]
             acc_up *= late_inv[:, None]
-        tl.store(out_ptr + out_off, _finish(acc, acc_up, out_ptr, GLU), mask=out_mask)
+        _epilogue(acc, acc_up, out_ptr, out_off, out_mask, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr,
+                  sums_ptr, sum_blocks, K, eps, GLU, RESIDUAL, RMS, BLOCK_M, BLOCK_B)  # fmt: skip
     else:
         halves = 2 if GLU else 1
         tl.store(part_ptr + pid_k * halves * M * N + out_off, acc, mask=out_mask)
@@ -171,7 +177,9 @@ def _skinny_kernel(
                 total += tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")
                 if GLU:
                     total_up += tl.load(part + M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + out_off, _finish(total, total_up, out_ptr, GLU), mask=out_mask)
+            _epilogue(total, total_up, out_ptr, out_off, out_mask, rm, m_ok, rn, n_ok, pid_n, res_ptr,
+                      norm_w_ptr, sums_ptr, sum_blocks, K, eps, GLU, RESIDUAL, RMS,
+                      BLOCK_M, BLOCK_B)  # fmt: skip
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
@@ -205,6 +213,40 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> SkinnyConfig
     return SkinnyConfig(block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=4)
 
 
+def column_blocks(n: int, k: int, device: torch.device) -> int:
+    """N blocks of a launch with the default tiles: what an RmsScale after a ResidualEpilogue must name."""
+    return triton.cdiv(n, default_config(1, n, k, device).block_n)
+
+
+def _check_epilogues(
+    x: torch.Tensor,
+    n: int,
+    residual: ResidualEpilogue | None,
+    rms: RmsScale | None,
+    other_fusion: bool,
+    blocks: int,
+) -> int:
+    """The contract of the residual epilogue and the RMS scale; returns the block count rms names (0)."""
+    m = x.shape[0]
+    if residual is not None:
+        if other_fusion or rms is not None:
+            raise ValueError("a residual epilogue takes a plain product: no norm, swiglu, glu or rms")
+        check_tensor("residual", residual.residual, shape=(m, n), dtypes=(x.dtype,), device=x.device)
+        check_tensor("residual weight", residual.weight, shape=(n,), dtypes=FLOAT_DTYPES, device=x.device)
+        need = blocks * MAX_M
+        check_tensor("sums", residual.sums, ndim=1, dtypes=(torch.float32,), device=x.device)
+        if residual.sums.numel() < need:
+            raise ValueError(f"sums holds {residual.sums.numel()} values, the launch writes {need}")
+    if rms is None:
+        return 0
+    if other_fusion:
+        raise ValueError("an RMS scale takes a plain product: no norm prologue, swiglu or glu")
+    check_tensor("sums", rms.sums, ndim=1, dtypes=(torch.float32,), device=x.device)
+    if not 1 <= rms.blocks <= rms.sums.numel() // MAX_M:
+        raise ValueError(f"rms names {rms.blocks} blocks, sums holds {rms.sums.numel() // MAX_M}")
+    return rms.blocks
+
+
 def skinny_gemm(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -215,12 +257,16 @@ def skinny_gemm(
     pdl: bool = False,
     norm: NormPrologue | None = None,
     glu: bool = False,
+    residual: ResidualEpilogue | None = None,
+    rms: RmsScale | None = None,
 ) -> torch.Tensor:
     """x (M, K) @ w (N, K).T -> (M, N) in x.dtype, M <= 16; with swiglu, x is (M, 2K) [gate | up] and the
     product is (silu(gate) * up) @ w.T; with norm, the product is rmsnorm(x + residual) @ w.T and
     norm.residual_out receives x + residual; with glu, w is [gate | up] (2N, K) and the result (M, N) is
-    silu(x @ gate.T) * (x @ up.T). Split-K configs need a workspace (one is allocated if none).
-    pdl: launch as a programmatic dependent of the previous kernel (kernels/pdl.py)."""
+    silu(x @ gate.T) * (x @ up.T); with residual, y is added to residual.residual in place and the result
+    is the new residual * residual.weight (kernels/skinny_parts.py); with rms, the product is scaled by the
+    rows' 1 / rms from the sums such a launch wrote. Split-K configs need a workspace (one is allocated if
+    none). pdl: launch as a programmatic dependent of the previous kernel (kernels/pdl.py)."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor("w", w, ndim=2, dtypes=(x.dtype,), device=x.device)
     m, width = x.shape
@@ -260,6 +306,7 @@ def skinny_gemm(
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     split = triton.cdiv(k, k_per_split)  # shares that hold any K at all
     blocks = triton.cdiv(n, cfg.block_n)
+    sum_blocks = _check_epilogues(x, n, residual, rms, norm is not None or swiglu or glu, blocks)
     halves = 2 if glu else 1
     if split > 1:
         if workspace is None:
@@ -269,13 +316,21 @@ def skinny_gemm(
         part, counts = workspace.partials, workspace.counts
     else:
         part, counts = out, out  # never touched without split-K
+    prologue = (x, x, x)  # residual, weight, residual_out: unused without a norm or a residual epilogue
+    if norm:
+        prologue = (norm.residual, norm.weight, norm.residual_out)
+    elif residual:
+        prologue = (residual.residual, residual.weight, x)
     _skinny_kernel[(blocks, split)](
         x,
         w,
         out,
         part,
         counts,
-        *((norm.residual, norm.weight, norm.residual_out, norm.eps) if norm else (x, x, x, 0.0)),
+        *prologue,
+        residual.sums if residual else rms.sums if rms else part,
+        sum_blocks,
+        norm.eps if norm else rms.eps if rms else 0.0,
         m,
         n,
         k,
@@ -287,6 +342,9 @@ def skinny_gemm(
         SWIGLU=swiglu,
         GLU=glu,
         NORM=norm is not None,
+        RESIDUAL=residual is not None,
+        RMS=rms is not None,
+        BLOCK_B=triton.next_power_of_2(max(sum_blocks, 1)),
         BLOCK_KF=triton.next_power_of_2(k) if norm else 16,
         EVEN_K=split * k_per_split == k,
         UPCAST=dot_operands_fp32(x.dtype),

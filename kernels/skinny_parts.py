@@ -50,3 +50,76 @@ def _finish(acc, acc_up, out_ptr, GLU: tl.constexpr):
         up = acc_up.to(out_ptr.dtype.element_ty).to(tl.float32)
         out = (gate * tl.sigmoid(gate) * up).to(out_ptr.dtype.element_ty)
     return out
+
+
+@dataclass(frozen=True)
+class ResidualEpilogue:
+    """After a projection y (O, down): residual += y in place (rounded as stored), the result written is
+    residual * weight (the next RMSNorm's weight, not yet its scale), and each N block's sum of squares of
+    the new residual rows goes to `sums` (block, row), for the next projection's RmsScale."""
+
+    residual: torch.Tensor  # (M, N)
+    weight: torch.Tensor  # (N,)
+    sums: torch.Tensor  # (>= blocks * MAX_M,) fp32
+
+
+@dataclass(frozen=True)
+class RmsScale:
+    """The product scaled by 1 / rms of each row of the residual a ResidualEpilogue wrote, from its block
+    sums: with x = residual * weight, that is rmsnorm(residual) * weight @ W.T, the norm without a launch."""
+
+    sums: torch.Tensor  # (>= blocks * MAX_M,) fp32
+    blocks: int  # N blocks of the ResidualEpilogue's launch
+    eps: float
+
+
+@triton.jit
+def _epilogue(
+    total,
+    total_up,
+    out_ptr,
+    out_off,
+    out_mask,
+    rm,
+    m_ok,
+    rn,
+    n_ok,
+    pid_n,
+    res_ptr,
+    norm_w_ptr,
+    sums_ptr,
+    sum_blocks,
+    K,
+    eps,
+    GLU: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    RMS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    """Store the output tile: plain (_finish), scaled by the rows' 1 / rms (RMS), or as a ResidualEpilogue
+    (RESIDUAL). The sums are added in one fixed order: the result does not depend on which program ran
+    first."""
+    if RMS:
+        b = tl.arange(0, BLOCK_B)
+        # Only the real rows (a decode step reads 1 of 16). .cg: the previous kernel's stores are in L2,
+        # never in a stale L1 line.
+        sums = tl.load(
+            sums_ptr + b[:, None] * BLOCK_M + rm[None, :],
+            mask=(b < sum_blocks)[:, None] & m_ok[None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )  # (BLOCK_B, BLOCK_M)
+        inv = tl.rsqrt(tl.sum(sums, 0) / K + eps)  # (BLOCK_M,)
+        total = total * inv[:, None]
+    if RESIDUAL:
+        y = total.to(out_ptr.dtype.element_ty).to(tl.float32)  # the projection, rounded as stored
+        h = y + tl.load(res_ptr + out_off, mask=out_mask, other=0.0).to(tl.float32)
+        h_stored = h.to(out_ptr.dtype.element_ty)
+        tl.store(res_ptr + out_off, h_stored, mask=out_mask)
+        hf = tl.where(out_mask, h_stored.to(tl.float32), 0.0)
+        tl.store(sums_ptr + pid_n * BLOCK_M + rm, tl.sum(hf * hf, 1))
+        nw = tl.load(norm_w_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + out_off, (hf * nw[None, :]).to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        tl.store(out_ptr + out_off, _finish(total, total_up, out_ptr, GLU), mask=out_mask)

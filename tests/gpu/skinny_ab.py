@@ -1,5 +1,7 @@
-"""The fast path's GEMM and launch choices side by side, in one process on the same random weights
-(DeepSeek-Coder shapes, bf16): step times and logits, run by hand on a CUDA machine.
+"""The fast path's choices for small steps side by side (the skinny GEMM alone, with programmatic dependent
+launch, with the residual adds and norms in its epilogues, both, and what auto picks), in one process on
+the same random weights (DeepSeek-Coder shapes, bf16): step times and logits, run by hand on a CUDA
+machine.
 
     python -m tests.gpu.skinny_ab [--shapes 1.3B,6.7B] [--reps 20]
 
@@ -25,13 +27,16 @@ from lsp_dscoder.kernels import shapes
 
 PREFIX = 4096
 STEPS = {"decode @4K": 1, "keystroke +4 @4K": 4, "+16 @4K": 16}
-# name -> FastRunner(gemm=, pdl=): "before" is the fast path as it was (cuBLAS, no PDL), "auto" what ships.
-VARIANTS: dict[str, tuple[str, bool | None]] = {
-    "before": ("cublas", False),
-    "cuBLAS+PDL": ("cublas", True),
-    "skinny+PDL": ("skinny", True),
-    "auto": ("auto", False),
+# name -> FastRunner options; "skinny" is the plain skinny path, "auto" what ships (every choice timed at
+# warm-up per bucket).
+VARIANTS: dict[str, dict[str, object]] = {
+    "skinny": {"gemm": "skinny", "pdl": False},
+    "+pdl": {"gemm": "skinny", "pdl": True},
+    "+res": {"gemm": "skinny", "pdl": False, "fused_residual": True},
+    "+res+pdl": {"gemm": "skinny", "pdl": True, "fused_residual": True},
+    "auto": {"fused_residual": None},
 }
+ROUNDS = 3  # the variants' timings interleaved, round by round
 
 
 def config(m: shapes.Model) -> ModelConfig:
@@ -75,12 +80,12 @@ def run_shape(m: shapes.Model, reps: int, copy_bw: float) -> None:
     dev = torch.device("cuda")
     cache = KVCache(cfg, 1, 8192 + 64, dev, torch.bfloat16, pad=max(BUCKETS))
     model = Transformer(cfg, random_weights(cfg, dev, torch.bfloat16), cache.capacity)
-    runners = {name: FastRunner(model, cache, gemm=gemm, pdl=pdl) for name, (gemm, pdl) in VARIANTS.items()}
+    runners = {name: FastRunner(model, cache, **opts) for name, opts in VARIANTS.items()}  # type: ignore[arg-type]
     for r in runners.values():
         r.capture()
     gen = torch.Generator(dev).manual_seed(0)
     ids = torch.randint(2, cfg.vocab_size, (PREFIX + 16,), device=dev, generator=gen)
-    runners["before"].prefill(ids[:PREFIX], 0, 0)
+    runners["skinny"].prefill(ids[:PREFIX], 0, 0)
     w = model.w
     matrices = [t for layer in w.layers for t in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
     weight_bytes = sum(t.numel() * t.element_size() for t in matrices) + w.lm_head.numel() * 2
@@ -92,8 +97,8 @@ def run_shape(m: shapes.Model, reps: int, copy_bw: float) -> None:
     print(f"auto chose per bucket: {runners['auto'].chosen}")
     names = list(runners)
     print(
-        f"{'step':17s} " + " ".join(f"{n:>10s}" for n in names) + f" {'auto/floor':>10s} {'before/auto':>11s}"
-        "  rel L2 to reference: " + " ".join(f"{n:>10s}" for n in names)
+        f"{'step (GPU ms)':17s} " + " ".join(f"{n:>9s}" for n in names) + f" {'auto/floor':>10s}"
+        "  rel L2 to reference: " + " ".join(f"{n:>9s}" for n in names)
     )
     for name, new in STEPS.items():
         new_ids = ids[PREFIX : PREFIX + new]
@@ -105,13 +110,18 @@ def run_shape(m: shapes.Model, reps: int, copy_bw: float) -> None:
 
         logits = {k: step(r) for k, r in runners.items()}
         ref = model.forward_reference(new_ids, PREFIX, cache, 0)
-        ms = {k: events_ms(lambda r=r: step(r).argmax(-1), reps) for k, r in runners.items()}
+        samples: dict[str, list[float]] = {k: [] for k in runners}
+        for _ in range(ROUNDS):
+            for k, r in runners.items():
+                samples[k].append(events_ms(lambda r=r: step(r).argmax(-1), reps))
+        ms = {k: statistics.median(v) for k, v in samples.items()}
         print(
             f"{name:17s} "
-            + " ".join(f"{ms[n]:10.3f}" for n in names)
-            + f" {ms['auto'] / floor:10.2f} {ms['before'] / ms['auto']:10.2f}x  "
-            + " ".join(f"{rel(logits[n], ref):10.2e}" for n in names)
+            + " ".join(f"{ms[n]:9.3f}" for n in names)
+            + f" {ms['auto'] / floor:10.2f}  "
+            + " ".join(f"{rel(logits[n], ref):9.2e}" for n in names)
         )
+        print("  rounds: " + "; ".join(f"{n} " + ", ".join(f"{x:.3f}" for x in samples[n]) for n in names))
     del runners, model, cache
     torch.cuda.empty_cache()
 

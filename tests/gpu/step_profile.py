@@ -79,7 +79,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "all fused": {"gemm": "skinny", "fused_norm": True, "fused_glu": True, "fused_combine": True},
     "fused combine": {"fused_combine": True},
-    "skinny": {"gemm": "skinny"},
+    "skinny": {"gemm": "skinny", "pdl": False},
+    "skinny+PDL": {"gemm": "skinny", "pdl": True},
     "skinny+norm": {"gemm": "skinny", "fused_norm": True},
     "skinny+norm+glu": {"gemm": "skinny", "fused_norm": True, "fused_glu": True},
     "all fused+PDL": {

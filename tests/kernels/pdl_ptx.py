@@ -19,9 +19,10 @@ def _case(name: str, module: str, kernel: str, types: dict[str, str], consts: di
 
 
 _SKINNY_TYPES = {n: "*bf16" for n in ("x_ptr", "w_ptr", "out_ptr", "res_ptr", "norm_w_ptr", "res_out_ptr")}
-_SKINNY_TYPES |= {"part_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
-_SKINNY_TYPES |= {n: "i32" for n in ("M", "N", "K", "k_per_split")}
+_SKINNY_TYPES |= {"part_ptr": "*fp32", "count_ptr": "*i32", "sums_ptr": "*fp32", "eps": "fp32"}
+_SKINNY_TYPES |= {n: "i32" for n in ("M", "N", "K", "k_per_split", "sum_blocks")}
 _SKINNY = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, SWIGLU=False, GLU=False, NORM=False, BLOCK_KF=16)
+_SKINNY |= dict(RESIDUAL=False, RMS=False, BLOCK_B=1)
 _SKINNY |= dict(EVEN_K=True, UPCAST=False, PRECISION="tf32")
 for split in (1, 4):
     _case(
@@ -31,6 +32,21 @@ for split in (1, 4):
         _SKINNY_TYPES,
         {**_SKINNY, "SPLIT_K": split, "PDL": True},
     )
+# The residual epilogue (split-K: in the last share) and the RMS scale: the release stays after the loop.
+_case(
+    "skinny residual",
+    "skinny_gemm",
+    "_skinny_kernel",
+    _SKINNY_TYPES,
+    _SKINNY | dict(SPLIT_K=4, PDL=True, RESIDUAL=True),
+)
+_case(
+    "skinny rms",
+    "skinny_gemm",
+    "_skinny_kernel",
+    _SKINNY_TYPES,
+    _SKINNY | dict(SPLIT_K=1, PDL=True, RMS=True, BLOCK_B=128),
+)
 _case(
     "skinny no pdl", "skinny_gemm", "_skinny_kernel", _SKINNY_TYPES, {**_SKINNY, "SPLIT_K": 1, "PDL": False}
 )

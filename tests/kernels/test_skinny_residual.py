@@ -1,0 +1,76 @@
+"""The skinny GEMM's residual epilogue and RMS scale (kernels/skinny_parts.py) under the Triton interpreter:
+a projection that adds into the residual stream, then the next projection normalised by the sums the first
+one left, against the separate kernels (the GEMM, kernels/rms_norm.py, the GEMM) on the same values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lsp_dscoder.kernels.rms_norm import rms_norm
+from lsp_dscoder.kernels.skinny_gemm import MAX_M, SkinnyConfig, skinny_gemm, skinny_gemm_ref
+from lsp_dscoder.kernels.skinny_parts import ResidualEpilogue, RmsScale
+
+EPS = 1e-6
+CASES = [
+    # (M, C, K of the producer, N of the consumer, producer tiles): C off the 16-column blocks, one row,
+    # MAX_M rows, a producer with K shares (its last share does the epilogue).
+    (1, 40, 48, 24, SkinnyConfig(16, 32, 1, 4, 1)),
+    (5, 70, 96, 33, SkinnyConfig(16, 32, 3, 4, 1)),
+    (MAX_M, 48, 64, 16, SkinnyConfig(32, 32, 2, 4, 1)),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("m", "c", "k", "n", "config"), CASES)
+def test_residual_then_rms_scale(
+    dtype: torch.dtype, m: int, c: int, k: int, n: int, config: SkinnyConfig
+) -> None:
+    gen = torch.Generator().manual_seed(m * 1000 + c)
+    attn = torch.randn(m, k, generator=gen).to(dtype)
+    w_o = (torch.randn(c, k, generator=gen) / k**0.5).to(dtype)
+    residual = torch.randn(m, c, generator=gen).to(dtype)
+    norm_w = (1 + 0.1 * torch.randn(c, generator=gen)).to(dtype)
+    w_next = (torch.randn(n, c, generator=gen) / c**0.5).to(dtype)
+    blocks = -(-c // config.block_n)
+    sums = torch.full((blocks * MAX_M + 7,), float("nan"))  # every slot the launch owns is written
+
+    res = residual.clone()
+    x_w = skinny_gemm(attn, w_o, config=config, residual=ResidualEpilogue(res, norm_w, sums))
+
+    # The residual as the separate kernels leave it (the same GEMM, then kernels/rms_norm.py's in-place
+    # add): bit for bit.
+    want_res = residual.clone()
+    normed = rms_norm(skinny_gemm(attn, w_o, config=config), norm_w, EPS, residual=want_res)
+    torch.testing.assert_close(res, want_res, atol=0, rtol=0)
+    # The weighted row: one rounding (the interpreter truncates, torch rounds to nearest: one ulp).
+    ulp = 2**-7 if dtype == torch.bfloat16 else 2**-23
+    torch.testing.assert_close(x_w.float(), want_res.float() * norm_w.float(), atol=0, rtol=ulp)
+    total = sums[: blocks * MAX_M].view(blocks, MAX_M).sum(0)
+    torch.testing.assert_close(total[:m], want_res.float().square().sum(1), atol=0, rtol=1e-6)
+    assert torch.equal(total[m:], torch.zeros(MAX_M - m))  # rows past M add nothing
+
+    out = skinny_gemm(x_w, w_next, rms=RmsScale(sums, blocks, EPS))
+    # The separate kernels: rmsnorm(residual) * weight, rounded, then the GEMM. The fused form rounds the
+    # weighted row before the scale instead of the normalised one twice: up to two ulps of each operand
+    # (2 * 2**-7 of each term in bf16), and one of the result.
+    want = skinny_gemm_ref(normed, w_next).float()
+    terms = normed.float().abs() @ w_next.float().abs().T
+    bound = 2 * ulp * terms + ulp * want.abs() + 1e-6
+    assert ((out.float() - want).abs() <= bound).all(), (out.float() - want).abs().max()
+
+
+def test_epilogue_contract() -> None:
+    x = torch.randn(2, 32)
+    w = torch.randn(16, 32)
+    res, nw, sums = torch.zeros(2, 16), torch.ones(16), torch.zeros(MAX_M)
+    with pytest.raises(ValueError, match="residual must have shape"):
+        skinny_gemm(x, w, residual=ResidualEpilogue(torch.zeros(3, 16), nw, sums))
+    with pytest.raises(ValueError, match="sums holds 8 values, the launch writes 16"):
+        skinny_gemm(x, w, residual=ResidualEpilogue(res, nw, torch.zeros(8)))
+    with pytest.raises(ValueError, match="a residual epilogue takes a plain product"):
+        skinny_gemm(x, w, residual=ResidualEpilogue(res, nw, sums), rms=RmsScale(sums, 1, EPS))
+    with pytest.raises(ValueError, match="rms names 2 blocks, sums holds 1"):
+        skinny_gemm(x, w, rms=RmsScale(sums, 2, EPS))
+    with pytest.raises(ValueError, match="an RMS scale takes a plain product"):
+        skinny_gemm(x, torch.randn(32, 32), glu=True, rms=RmsScale(sums, 1, EPS))
