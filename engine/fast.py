@@ -5,12 +5,11 @@ extend attention (decode attention for one token), one O GEMM, residual-add + RM
 SwiGLU, one down GEMM; then the LM head on the last valid position only.
 
 Steps of at most 16 tokens (keystrokes, decode, small prefills) may run their layer GEMMs on the skinny
-GEMM (kernels/skinny_gemm.py) instead of cuBLAS; which one wins depends on the shape, the bucket and the
-GPU (within a few percent either way on the H200, docs/kernels.md), so `capture` times both graphs per
-bucket and keeps the faster ("auto"). Where the GPU has programmatic dependent launch (kernels/pdl.py), a
-third graph per bucket launches every Triton kernel of the skinny path as a dependent of the one before, and
-the timing decides again: on the H200 it made the 1.3B shape's steps 6 % faster and the 6.7B shape's 4 %
-slower (docs/kernels.md).
+GEMM (kernels/skinny_gemm.py) instead of cuBLAS, with the residual adds and norms in its epilogues
+(`fused_layer`, kernels/skinny_parts.py: two launches a layer fewer) and with programmatic dependent launch
+(kernels/pdl.py). Which wins depends on the shape, the bucket and the GPU (on the H200: all of them at the
+1.3B shape, 3-6 % a step; nothing measurable at 6.7B and 33B, where PDL alone is slower; docs/kernels.md
+§4), so `capture` times each candidate's graph per bucket and keeps the fastest ("auto").
 
 Small steps (a keystroke, a decode step) are captured as CUDA graphs per (slot, bucket): the step's
 tokens are padded to the bucket, the start position and the index of the last real token live in device

@@ -18,6 +18,10 @@ GLU=True takes W as [gate | up] (2N, K) and writes silu(x @ gate.T) * (x @ up.T)
 streams the matching row blocks of both halves, rounds each product to the output dtype and applies the
 SwiGLU as kernels/silu_mul.py does, so the gate/up projection and the SwiGLU are one launch.
 
+A ResidualEpilogue (kernels/skinny_parts.py) adds the product into the residual stream and leaves the
+rows' sums of squares per N block; an RmsScale scales the next product by the rows' 1/rms from them: the
+residual add + RMSNorm between two projections without a launch and without work in the K loop.
+
 NORM=True is the residual add + RMSNorm of kernels/rms_norm.py in the prologue (the QKV and gate/up
 projections without the norm launch): every program sums the squares of its rows of x + residual over the
 whole K (a few KB from L2 at M <= 16), normalises its own K share with the same roundings, and the programs
