@@ -5,11 +5,11 @@ extend attention (decode attention for one token), one O GEMM, residual-add + RM
 SwiGLU, one down GEMM; then the LM head on the last valid position only.
 
 Steps of at most 16 tokens (keystrokes, decode, small prefills) may run their layer GEMMs on the skinny
-GEMM (kernels/skinny_gemm.py) instead of cuBLAS, with the residual adds and norms in its epilogues
-(`fused_layer`, kernels/skinny_parts.py: two launches a layer fewer) and with programmatic dependent launch
-(kernels/pdl.py). Which wins depends on the shape, the bucket and the GPU (on the H200: all of them at the
-1.3B shape, 3-6 % a step; nothing measurable at 6.7B and 33B, where PDL alone is slower; docs/kernels.md
-§4), so `capture` times each candidate's graph per bucket and keeps the fastest ("auto").
+GEMM (kernels/skinny_gemm.py) instead of cuBLAS, with the residual adds, the norms and the SwiGLU in its
+epilogues (`fused_layer`, kernels/skinny_parts.py: three launches a layer fewer) and with programmatic
+dependent launch (kernels/pdl.py). Which wins depends on the shape, the bucket and the GPU (on the H200:
+both at the 1.3B shape, 4-7 % a step; the epilogues alone at 6.7B, 0.4-1.5 %, where PDL is slower;
+docs/kernels.md §4), so `capture` times each candidate's graph per bucket and keeps the fastest ("auto").
 
 Small steps (a keystroke, a decode step) are captured as CUDA graphs per (slot, bucket): the step's
 tokens are padded to the bucket, the start position and the index of the last real token live in device
@@ -299,7 +299,8 @@ class FastRunner:
         add = ResidualEpilogue(residual, layer.post_norm, self.sums[MLP_IN])
         x_mlp = skinny_gemm(attn, layer.wo, workspace=ws, pdl=pdl, residual=add)  # (T, C)
         scale = RmsScale(self.sums[MLP_IN], self.sum_blocks[MLP_IN], eps)
-        act = silu_mul(skinny_gemm(x_mlp, layer.w_gate_up, workspace=ws, pdl=pdl, rms=scale), pdl=pdl)
+        # The SwiGLU in the same epilogue: one launch fewer, 1-2 % a step (docs/kernels.md §4).
+        act = skinny_gemm(x_mlp, layer.w_gate_up, workspace=ws, pdl=pdl, rms=scale, glu=True)  # (T, I)
         if n == len(layers) - 1:
             return skinny_gemm(act, layer.w_down, workspace=ws, pdl=pdl), residual
         add = ResidualEpilogue(residual, layers[n + 1].input_norm, self.sums[ATTN_IN])

@@ -14,9 +14,10 @@ resets the counter, so a CUDA graph replays with the workspace as it found it.
 SWIGLU=True takes x as the gate/up projection output (M, 2K) and multiplies by silu(gate) * up, computed in
 fp32 and rounded once as kernels/silu_mul.py does: the down projection without the SwiGLU launch.
 
-GLU=True takes W as [gate | up] (2N, K) and writes silu(x @ gate.T) * (x @ up.T) (M, N): each program
-streams the matching row blocks of both halves, rounds each product to the output dtype and applies the
-SwiGLU as kernels/silu_mul.py does, so the gate/up projection and the SwiGLU are one launch.
+GLU=True takes W as [gate | up] (2N, K) and writes silu(x @ gate.T) * (x @ up.T) (M, N): a program's tile
+of W rows is BLOCK_N / 2 gate rows and the up rows of the same output columns, one stream and one dot as
+for any tile; the epilogue splits the product into its halves, rounds each to the output dtype and applies
+the SwiGLU as kernels/silu_mul.py does, so the gate/up projection and the SwiGLU are one launch.
 
 A ResidualEpilogue (kernels/skinny_parts.py) adds the product into the residual stream and leaves the
 rows' sums of squares per N block; an RmsScale scales the next product by the rows' 1/rms from them: the
@@ -31,7 +32,6 @@ still read the old one).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -93,17 +93,25 @@ def _skinny_kernel(
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
+    r = tl.arange(0, BLOCK_N)  # rows of the W tile
+    if GLU:  # the tile's first half is gate rows, its second the up rows of the same output columns
+        HALF: tl.constexpr = BLOCK_N // 2
+        col = pid_n * HALF + r % HALF
+        rn = pid_n * HALF + tl.arange(0, HALF)  # output columns
+    else:
+        col = pid_n * BLOCK_N + r
+        rn = col
     n_ok = rn < N
     # Rows past N read row N-1 again instead of a masked load: the mask would be per row, and a clamped
     # index keeps every W load unmasked along K (the columns past N are never stored).
-    rn_safe = tl.minimum(rn, N - 1)
+    w_rows = tl.minimum(col, N - 1)
+    if GLU:
+        w_rows += (r // HALF) * N
     k_lo = pid_k * k_per_split
     x_row = rm.to(tl.int64)[:, None] * (2 * K if SWIGLU else K)
-    w_row = rn_safe.to(tl.int64)[:, None] * K
-    w_row_up = (rn_safe + N).to(tl.int64)[:, None] * K  # GLU: the up half's matching rows
+    w_row = w_rows.to(tl.int64)[:, None] * K
     pdl_wait(PDL)  # x is the previous kernel's output
     # With whole rows (no split-K) the norm's statistic accumulates from the tiles streamed anyway and
     # scales the product at the end, so the weight stream starts at once; a K share must see the whole row
@@ -112,18 +120,13 @@ def _skinny_kernel(
         inv_rms = _row_inv_rms(x_ptr, res_ptr, rm, M, K, eps, BLOCK_M, BLOCK_KF)
     sum_sq = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, k_per_split, BLOCK_K):
         kk = k_lo + k0 + rk
         if EVEN_K:
             w = tl.load(w_ptr + w_row + kk[None, :])
-            if GLU:
-                w_up = tl.load(w_ptr + w_row_up + kk[None, :])
             x_mask = m_ok[:, None]
         else:
             w = tl.load(w_ptr + w_row + kk[None, :], mask=(kk < K)[None, :], other=0.0)
-            if GLU:
-                w_up = tl.load(w_ptr + w_row_up + kk[None, :], mask=(kk < K)[None, :], other=0.0)
             x_mask = m_ok[:, None] & (kk < K)[None, :]
         if SWIGLU:
             gate = tl.load(x_ptr + x_row + kk[None, :], mask=x_mask, other=0.0).to(tl.float32)
@@ -148,43 +151,49 @@ def _skinny_kernel(
         if UPCAST:
             a = a.to(tl.float32)
             w = w.to(tl.float32)
-            if GLU:
-                w_up = w_up.to(tl.float32)
         acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
-        if GLU:
-            acc_up += tl.dot(a, tl.trans(w_up), input_precision=PRECISION)
 
     pdl_release(PDL)  # the weight stream is done: the next kernel may launch
-    out_off = rm[:, None] * N + rn[None, :]
-    out_mask = m_ok[:, None] & n_ok[None, :]
-    if SPLIT_K == 1:
-        if NORM:  # no split-K here: the late form
-            late_inv = tl.rsqrt(sum_sq / K + eps)
-            acc *= late_inv[:, None]
-            acc_up *= late_inv[:, None]
-        _epilogue(acc, acc_up, out_ptr, out_off, out_mask, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr,
-                  sums_ptr, sum_blocks, K, eps, GLU, RESIDUAL, RMS, BLOCK_M, BLOCK_B)  # fmt: skip
-    else:
-        halves = 2 if GLU else 1
-        tl.store(part_ptr + pid_k * halves * M * N + out_off, acc, mask=out_mask)
-        if GLU:
-            tl.store(part_ptr + (pid_k * 2 + 1) * M * N + out_off, acc_up, mask=out_mask)
+    if NORM and SPLIT_K == 1:  # the late form
+        acc *= tl.rsqrt(sum_sq / K + eps)[:, None]
+    if SPLIT_K > 1:
+        # Partials by program tile (BLOCK_N columns a program, in launch order): the last share to arrive
+        # sums them in split order and finishes the tile.
+        tile_cols = tl.num_programs(0) * BLOCK_N
+        part_off = rm[:, None] * tile_cols + (pid_n * BLOCK_N + r)[None, :]
+        tl.store(part_ptr + pid_k * M * tile_cols + part_off, acc, mask=m_ok[:, None])
         # Every thread's partial is stored before the one release below makes them visible.
         tl.debug_barrier()
         arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-            total_up = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
             for s in range(SPLIT_K):
                 # .cg: from L2, where the other shares' stores are, never a stale L1 line.
-                part = part_ptr + s * halves * M * N + out_off
-                total += tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")
-                if GLU:
-                    total_up += tl.load(part + M * N, mask=out_mask, other=0.0, cache_modifier=".cg")
-            _epilogue(total, total_up, out_ptr, out_off, out_mask, rm, m_ok, rn, n_ok, pid_n, res_ptr,
-                      norm_w_ptr, sums_ptr, sum_blocks, K, eps, GLU, RESIDUAL, RMS,
-                      BLOCK_M, BLOCK_B)  # fmt: skip
+                part = part_ptr + s * M * tile_cols + part_off
+                acc += tl.load(part, mask=m_ok[:, None], other=0.0, cache_modifier=".cg")
+            _tile_out(acc, out_ptr, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr, sums_ptr, sum_blocks,
+                      N, K, eps, GLU, RESIDUAL, RMS, BLOCK_M, BLOCK_N, BLOCK_B)  # fmt: skip
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+    else:
+        _tile_out(acc, out_ptr, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr, sums_ptr, sum_blocks,
+                  N, K, eps, GLU, RESIDUAL, RMS, BLOCK_M, BLOCK_N, BLOCK_B)  # fmt: skip
+
+
+@triton.jit
+def _tile_out(acc, out_ptr, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr, sums_ptr, sum_blocks, N, K, eps,
+              GLU: tl.constexpr, RESIDUAL: tl.constexpr, RMS: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):  # fmt: skip
+    """The finished tile to its epilogue; with GLU, the (gate, up) halves of the tile's columns."""
+    out_off = rm[:, None] * N + rn[None, :]
+    out_mask = m_ok[:, None] & n_ok[None, :]
+    if GLU:
+        halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))  # (M, HALF, 2)
+        gate, up = tl.split(halves)
+        _epilogue(gate, up, out_ptr, out_off, out_mask, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr,
+                  sums_ptr, sum_blocks, K, eps, GLU, RESIDUAL, RMS, BLOCK_M, BLOCK_B)  # fmt: skip
+    else:
+        _epilogue(acc, acc, out_ptr, out_off, out_mask, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr,
+                  sums_ptr, sum_blocks, K, eps, GLU, RESIDUAL, RMS, BLOCK_M, BLOCK_B)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -193,13 +202,14 @@ class SkinnyWorkspace:
 
     One workspace serves any number of launches in stream order (each leaves the counters at zero)."""
 
-    partials: torch.Tensor  # (max_split * MAX_M * max_n,) fp32
+    partials: torch.Tensor  # (max_split * MAX_M * (max_n + 64),) fp32, by program tile
     counts: torch.Tensor  # (max_blocks,) int32
 
     @staticmethod
     def allocate(max_n: int, max_split: int, device: torch.device, min_block_n: int = 16) -> SkinnyWorkspace:
+        """For launches of up to max_n W rows (their tiles padded to the largest block, 64 rows)."""
         return SkinnyWorkspace(
-            torch.empty(max_split * MAX_M * max_n, dtype=torch.float32, device=device),
+            torch.empty(max_split * MAX_M * (max_n + 64), dtype=torch.float32, device=device),
             torch.zeros(triton.cdiv(max_n, min_block_n), dtype=torch.int32, device=device),
         )
 
@@ -228,12 +238,13 @@ def _check_epilogues(
     residual: ResidualEpilogue | None,
     rms: RmsScale | None,
     other_fusion: bool,
+    glu: bool,
     blocks: int,
 ) -> int:
     """The contract of the residual epilogue and the RMS scale; returns the block count rms names (0)."""
     m = x.shape[0]
     if residual is not None:
-        if other_fusion or rms is not None:
+        if other_fusion or glu or rms is not None:
             raise ValueError("a residual epilogue takes a plain product: no norm, swiglu, glu or rms")
         check_tensor("residual", residual.residual, shape=(m, n), dtypes=(x.dtype,), device=x.device)
         check_tensor("residual weight", residual.weight, shape=(n,), dtypes=FLOAT_DTYPES, device=x.device)
@@ -244,7 +255,7 @@ def _check_epilogues(
     if rms is None:
         return 0
     if other_fusion:
-        raise ValueError("an RMS scale takes a plain product: no norm prologue, swiglu or glu")
+        raise ValueError("an RMS scale takes a product of x itself: no norm prologue or swiglu")
     check_tensor("sums", rms.sums, ndim=1, dtypes=(torch.float32,), device=x.device)
     if not 1 <= rms.blocks <= rms.sums.numel() // MAX_M:
         raise ValueError(f"rms names {rms.blocks} blocks, sums holds {rms.sums.numel() // MAX_M}")
@@ -296,10 +307,8 @@ def skinny_gemm(
         check_tensor("norm weight", norm.weight, shape=(k,), dtypes=FLOAT_DTYPES, device=x.device)
         if norm.residual_out.data_ptr() == norm.residual.data_ptr():
             raise ValueError("residual_out must not be the residual: other programs still read it")
-    if config is None:  # tiles as ranked for the whole matrix: half the rows of each half per program
+    if config is None:  # tiles as ranked for the whole matrix ([gate | up] with glu)
         config = default_config(m, 2 * n if glu else n, k, x.device)
-        if glu:
-            config = dataclasses.replace(config, block_n=max(16, config.block_n // 2))
     cfg = config
     for name in ("block_n", "block_k"):
         size = getattr(cfg, name)
@@ -309,13 +318,12 @@ def skinny_gemm(
         raise ValueError(f"split_k must be >= 1, got {cfg.split_k}")
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     split = triton.cdiv(k, k_per_split)  # shares that hold any K at all
-    blocks = triton.cdiv(n, cfg.block_n)
-    sum_blocks = _check_epilogues(x, n, residual, rms, norm is not None or swiglu or glu, blocks)
-    halves = 2 if glu else 1
+    blocks = triton.cdiv(n, cfg.block_n // 2 if glu else cfg.block_n)  # a glu tile: half of it per half
+    sum_blocks = _check_epilogues(x, n, residual, rms, norm is not None or swiglu, glu, blocks)
     if split > 1:
         if workspace is None:
-            workspace = SkinnyWorkspace.allocate(halves * n, split, x.device, cfg.block_n)
-        if workspace.partials.numel() < split * m * n * halves or workspace.counts.numel() < blocks:
+            workspace = SkinnyWorkspace.allocate(blocks * cfg.block_n, split, x.device, cfg.block_n)
+        if workspace.partials.numel() < split * m * blocks * cfg.block_n or workspace.counts.numel() < blocks:
             raise ValueError(f"workspace too small for split_k {split}, M {m}, N {n}, {blocks} N blocks")
         part, counts = workspace.partials, workspace.counts
     else:

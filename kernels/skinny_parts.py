@@ -112,6 +112,7 @@ def _epilogue(
         )  # (BLOCK_B, BLOCK_M)
         inv = tl.rsqrt(tl.sum(sums, 0) / K + eps)  # (BLOCK_M,)
         total = total * inv[:, None]
+        total_up = total_up * inv[:, None]
     if RESIDUAL:
         y = total.to(out_ptr.dtype.element_ty).to(tl.float32)  # the projection, rounded as stored
         h = y + tl.load(res_ptr + out_off, mask=out_mask, other=0.0).to(tl.float32)

@@ -48,6 +48,13 @@ _case(
     _SKINNY | dict(SPLIT_K=1, PDL=True, RMS=True, BLOCK_B=128),
 )
 _case(
+    "skinny glu rms",
+    "skinny_gemm",
+    "_skinny_kernel",
+    _SKINNY_TYPES,
+    _SKINNY | dict(SPLIT_K=1, PDL=True, GLU=True, RMS=True, BLOCK_B=64),
+)
+_case(
     "skinny no pdl", "skinny_gemm", "_skinny_kernel", _SKINNY_TYPES, {**_SKINNY, "SPLIT_K": 1, "PDL": False}
 )
 

@@ -51,7 +51,9 @@ def count(lines: list[str], pattern: str) -> int:
     return sum(bool(re.match(pattern, line)) for line in lines)
 
 
-@pytest.mark.parametrize("case", ["skinny split 1", "skinny split 4", "skinny residual", "skinny rms"])
+@pytest.mark.parametrize(
+    "case", ["skinny split 1", "skinny split 4", "skinny residual", "skinny rms", "skinny glu rms"]
+)
 def test_skinny_gemm_waits_before_loading_and_releases_after_its_loop(ptx: dict, case: str) -> None:
     lines = ptx[case]
     assert first(lines, WAIT) < first(lines, LOAD)

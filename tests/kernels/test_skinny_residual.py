@@ -72,5 +72,27 @@ def test_epilogue_contract() -> None:
         skinny_gemm(x, w, residual=ResidualEpilogue(res, nw, sums), rms=RmsScale(sums, 1, EPS))
     with pytest.raises(ValueError, match="rms names 2 blocks, sums holds 1"):
         skinny_gemm(x, w, rms=RmsScale(sums, 2, EPS))
-    with pytest.raises(ValueError, match="an RMS scale takes a plain product"):
-        skinny_gemm(x, torch.randn(32, 32), glu=True, rms=RmsScale(sums, 1, EPS))
+    with pytest.raises(ValueError, match="an RMS scale takes a product of x itself"):
+        skinny_gemm(torch.randn(2, 64), w, swiglu=True, rms=RmsScale(sums, 1, EPS))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", [None, SkinnyConfig(32, 32, 3, 4, 1)])
+def test_rms_scale_with_glu(dtype: torch.dtype, config: SkinnyConfig | None) -> None:
+    """gate/up as the fused layer runs it: the RMS scale and the SwiGLU in one epilogue, against the scaled
+    product of the same rows without glu, then silu(gate) * up."""
+    m, c, n = 3, 48, 40
+    gen = torch.Generator().manual_seed(7)
+    x_w = torch.randn(m, c, generator=gen).to(dtype)
+    w = (torch.randn(2 * n, c, generator=gen) / c**0.5).to(dtype)
+    sums = torch.zeros(4 * MAX_M)
+    sums[: 2 * MAX_M].view(2, MAX_M)[:, :m] = torch.rand(2, m, generator=gen) * c
+    scale = RmsScale(sums, 2, EPS)
+    plain = skinny_gemm(x_w, w, rms=scale).float()
+    gate, up = plain.chunk(2, dim=-1)
+    want = torch.nn.functional.silu(gate) * up
+    got = skinny_gemm(x_w, w, rms=scale, glu=True, config=config)
+    ulp = 2**-7 if dtype == torch.bfloat16 else 2**-23
+    # Two roundings apart at most (the interpreter truncates where torch rounds, and the GEMM's sums run
+    # in another order in a tile twice as wide): 4 ulps of the value, with a floor for values near zero.
+    torch.testing.assert_close(got.float(), want, atol=4 * ulp * float(want.abs().max()), rtol=4 * ulp)
