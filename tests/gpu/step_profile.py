@@ -81,6 +81,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "fused combine": {"fused_combine": True},
     "skinny": {"gemm": "skinny", "pdl": False},
     "skinny+PDL": {"gemm": "skinny", "pdl": True},
+    "fused layer+PDL": {"gemm": "skinny", "pdl": True, "fused_residual": True},
     "skinny+norm": {"gemm": "skinny", "fused_norm": True},
     "skinny+norm+glu": {"gemm": "skinny", "fused_norm": True, "fused_glu": True},
     "all fused+PDL": {
