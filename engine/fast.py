@@ -6,10 +6,10 @@ SwiGLU, one down GEMM; then the LM head on the last valid position only.
 
 Steps of at most 16 tokens (keystrokes, decode, small prefills) may run their layer GEMMs on the skinny
 GEMM (kernels/skinny_gemm.py) instead of cuBLAS, with the residual adds, the norms and the SwiGLU in its
-epilogues (`fused_layer`, kernels/skinny_parts.py: three launches a layer fewer) and with programmatic
-dependent launch (kernels/pdl.py). Which wins depends on the shape, the bucket and the GPU (on the H200:
-both at the 1.3B shape, 4-7 % a step; the epilogues alone at 6.7B, 0.4-1.5 %, where PDL is slower;
-docs/kernels.md §4), so `capture` times each candidate's graph per bucket and keeps the fastest ("auto").
+epilogues and RoPE with the K/V store in QKV's (`fused_layer`, kernels/skinny_parts.py: a layer is five
+launches, six with GQA's split combine, not ten), and with programmatic dependent launch (kernels/pdl.py).
+Which wins depends on the shape, the bucket and the GPU (docs/kernels.md §4), so `capture` times each
+candidate's graph per bucket and keeps the fastest ("auto").
 
 Small steps (a keystroke, a decode step) are captured as CUDA graphs per (slot, bucket): the step's
 tokens are padded to the bucket, the start position and the index of the last real token live in device
@@ -41,7 +41,7 @@ from lsp_dscoder.kernels.rms_norm import rms_norm
 from lsp_dscoder.kernels.rope_store import rope_cos_sin, rope_store
 from lsp_dscoder.kernels.silu_mul import silu_mul
 from lsp_dscoder.kernels.skinny_gemm import MAX_M, SkinnyWorkspace, column_blocks, skinny_gemm
-from lsp_dscoder.kernels.skinny_parts import NormPrologue, ResidualEpilogue, RmsScale
+from lsp_dscoder.kernels.skinny_parts import NormPrologue, ResidualEpilogue, RmsScale, RopeEpilogue
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 ATTN_IN, MLP_IN = 0, 1  # FastRunner.sums rows: before the QKV projection, before gate/up
@@ -267,12 +267,21 @@ class FastRunner:
     ) -> torch.Tensor:
         """RoPE and the K/V store of layer n's new rows, then attention over the slot: (T, H, D). seq_len
         (start + 1, made once a forward) is what decode attention reads."""
-        cfg, pdl, counts = self.cfg, self.pdl, self.attn_counts
+        cfg = self.cfg
         k_cache, v_cache = self.cache.k(n, slot), self.cache.v(n, slot)  # (KVH, capacity, D)
-        q = rope_store(qkv, self.cos_sin, start, k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads, pdl=pdl)
-        if qkv.shape[0] == 1:
-            return decode_attention(q, k_cache, v_cache, seq_len, self.scale, pdl=pdl, counts=counts)
-        return extend_attention(q, k_cache, v_cache, start, self.scale, pdl=pdl)
+        h, kvh, pdl = cfg.num_heads, cfg.num_kv_heads, self.pdl
+        q = rope_store(qkv, self.cos_sin, start, k_cache, v_cache, h, kvh, pdl=pdl)  # (T, H, D)
+        return self.attend(q, start, seq_len, n, slot)
+
+    def attend(
+        self, q: torch.Tensor, start: torch.Tensor, seq_len: torch.Tensor, n: int, slot: int
+    ) -> torch.Tensor:
+        """Attention of rotated q (T, H, D) over layer n's cache rows, the step's own K/V already stored."""
+        k_cache, v_cache = self.cache.k(n, slot), self.cache.v(n, slot)  # (KVH, capacity, D)
+        if q.shape[0] == 1:
+            counts = self.attn_counts
+            return decode_attention(q, k_cache, v_cache, seq_len, self.scale, pdl=self.pdl, counts=counts)
+        return extend_attention(q, k_cache, v_cache, start, self.scale, pdl=self.pdl)
 
     def fused_layer(
         self,
@@ -287,15 +296,20 @@ class FastRunner:
         x is the residual times this layer's input-norm weight (after layer 0), and the layer returns the
         same for the next one; the last layer returns its down projection, for `head` to add and norm."""
         layers, eps, pdl, ws = self.model.w.layers, self.cfg.rms_norm_eps, self.pdl, self.workspace
-        layer = layers[n]
+        layer, cfg = layers[n], self.cfg
+        scale = None
         if x is None:  # the embedding row: its norm as a kernel, once a step
             x = rms_norm(residual, layer.input_norm, eps, pdl=pdl)
             residual = residual.clone()
-            qkv = skinny_gemm(x, layer.wqkv, workspace=ws, pdl=pdl)
         else:
             scale = RmsScale(self.sums[ATTN_IN], self.sum_blocks[ATTN_IN], eps)
-            qkv = skinny_gemm(x, layer.wqkv, workspace=ws, pdl=pdl, rms=scale)  # (T, (H + 2*KVH) * D)
-        attn = self.attention(qkv, start, seq_len, n, slot).view(-1, self.cfg.q_size)  # (T, H * D)
+        k_cache, v_cache = self.cache.k(n, slot), self.cache.v(n, slot)
+        rope = RopeEpilogue(self.cos_sin, start, k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads)
+        q = skinny_gemm(x, layer.wqkv, workspace=ws, pdl=pdl, rms=scale, rope=rope)  # (T, H * D), K/V stored
+        t = q.shape[0]
+        attn = self.attend(q.view(t, cfg.num_heads, cfg.head_dim), start, seq_len, n, slot).view(
+            t, cfg.q_size
+        )
         add = ResidualEpilogue(residual, layer.post_norm, self.sums[MLP_IN])
         x_mlp = skinny_gemm(attn, layer.wo, workspace=ws, pdl=pdl, residual=add)  # (T, C)
         scale = RmsScale(self.sums[MLP_IN], self.sum_blocks[MLP_IN], eps)

@@ -32,15 +32,25 @@ still read the old one).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .contract import FLOAT_DTYPES, check_out, check_tensor, interpreting
+from .contract import FLOAT_DTYPES, check_head_dim, check_out, check_position, check_tensor, interpreting
 from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
-from .skinny_parts import NormPrologue, ResidualEpilogue, RmsScale, _epilogue, _row_inv_rms
+from .skinny_parts import (
+    NormPrologue,
+    ResidualEpilogue,
+    RmsScale,
+    RopeEpilogue,
+    _epilogue,
+    _rms_inv,
+    _rope_tile,
+    _row_inv_rms,
+)
 from .split_kv import dot_operands_fp32, dot_precision
 
 MAX_M = 16  # rows of x a program holds: one tl.dot tile
@@ -69,6 +79,11 @@ def _skinny_kernel(
     res_out_ptr,  # (M, K) x + residual when NORM
     sums_ptr,  # (blocks, BLOCK_M) fp32 row sums of squares: written when RESIDUAL, read when RMS
     sum_blocks,  # RMS: blocks of the launch that wrote sums_ptr
+    cos_sin_ptr,  # ROPE: (max_ctx, D) fp32
+    start_ptr,  # ROPE: (1,) position of row 0
+    k_ptr,  # ROPE: (KVH, max_ctx, D)
+    v_ptr,  # ROPE: (KVH, max_ctx, D)
+    max_ctx,
     eps,
     M,
     N,
@@ -84,6 +99,10 @@ def _skinny_kernel(
     RESIDUAL: tl.constexpr,  # ResidualEpilogue
     RMS: tl.constexpr,  # RmsScale
     BLOCK_B: tl.constexpr,  # sum_blocks padded to a power of two
+    ROPE: tl.constexpr,  # RopeEpilogue: W is the QKV matrix of H + 2 KVH heads of D rows
+    H: tl.constexpr,
+    KVH: tl.constexpr,
+    D: tl.constexpr,
     BLOCK_KF: tl.constexpr,  # K padded to a power of two, when NORM
     EVEN_K: tl.constexpr,  # K == SPLIT_K * k_per_split: no K masks
     UPCAST: tl.constexpr,
@@ -100,6 +119,10 @@ def _skinny_kernel(
         HALF: tl.constexpr = BLOCK_N // 2
         col = pid_n * HALF + r % HALF
         rn = pid_n * HALF + tl.arange(0, HALF)  # output columns
+    elif ROPE:  # dims j..j+P of one head, then the same dims of its second half: the pairs RoPE rotates
+        P: tl.constexpr = BLOCK_N // 2
+        col = (pid_n // (D // 2 // P)) * D + (pid_n % (D // 2 // P)) * P + r % P + (r // P) * (D // 2)
+        rn = col  # unused: the RoPE epilogue addresses q and the caches itself
     else:
         col = pid_n * BLOCK_N + r
         rn = col
@@ -172,28 +195,38 @@ def _skinny_kernel(
                 part = part_ptr + s * M * tile_cols + part_off
                 acc += tl.load(part, mask=m_ok[:, None], other=0.0, cache_modifier=".cg")
             _tile_out(acc, out_ptr, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr, sums_ptr, sum_blocks,
-                      N, K, eps, GLU, RESIDUAL, RMS, BLOCK_M, BLOCK_N, BLOCK_B)  # fmt: skip
+                      cos_sin_ptr, start_ptr, k_ptr, v_ptr, max_ctx, N, K, eps, GLU, RESIDUAL, RMS, ROPE,
+                      H, KVH, D, BLOCK_M, BLOCK_N, BLOCK_B)  # fmt: skip
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
     else:
         _tile_out(acc, out_ptr, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr, sums_ptr, sum_blocks,
-                  N, K, eps, GLU, RESIDUAL, RMS, BLOCK_M, BLOCK_N, BLOCK_B)  # fmt: skip
+                  cos_sin_ptr, start_ptr, k_ptr, v_ptr, max_ctx, N, K, eps, GLU, RESIDUAL, RMS, ROPE,
+                  H, KVH, D, BLOCK_M, BLOCK_N, BLOCK_B)  # fmt: skip
 
 
 @triton.jit
-def _tile_out(acc, out_ptr, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr, sums_ptr, sum_blocks, N, K, eps,
-              GLU: tl.constexpr, RESIDUAL: tl.constexpr, RMS: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):  # fmt: skip
-    """The finished tile to its epilogue; with GLU, the (gate, up) halves of the tile's columns."""
+def _tile_out(acc, out_ptr, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr, sums_ptr, sum_blocks, cos_sin_ptr,
+              start_ptr, k_ptr, v_ptr, max_ctx, N, K, eps, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
+              RMS: tl.constexpr, ROPE: tl.constexpr, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):  # fmt: skip
+    """The finished tile (fp32 sums) to its epilogue: scaled by the rows' 1 / rms (RMS), then split into
+    its halves for GLU (gate, up) and ROPE (the two halves of a head's dims), or stored whole."""
+    if RMS:
+        acc = acc * _rms_inv(sums_ptr, sum_blocks, rm, m_ok, K, eps, BLOCK_M, BLOCK_B)[:, None]
     out_off = rm[:, None] * N + rn[None, :]
     out_mask = m_ok[:, None] & n_ok[None, :]
-    if GLU:
-        halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))  # (M, HALF, 2)
-        gate, up = tl.split(halves)
-        _epilogue(gate, up, out_ptr, out_off, out_mask, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr,
-                  sums_ptr, sum_blocks, K, eps, GLU, RESIDUAL, RMS, BLOCK_M, BLOCK_B)  # fmt: skip
+    if GLU or ROPE:
+        halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))  # (M, BLOCK_N / 2, 2)
+        first, second = tl.split(halves)
+        if ROPE:
+            _rope_tile(first, second, out_ptr, k_ptr, v_ptr, cos_sin_ptr, start_ptr, rm, m_ok, pid_n, max_ctx,
+                       H, KVH, D, BLOCK_N // 2)  # fmt: skip
+        else:
+            _epilogue(first, second, out_ptr, out_off, out_mask, rm, rn, n_ok, pid_n, res_ptr, norm_w_ptr,
+                      sums_ptr, GLU, RESIDUAL, BLOCK_M)  # fmt: skip
     else:
-        _epilogue(acc, acc, out_ptr, out_off, out_mask, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr,
-                  sums_ptr, sum_blocks, K, eps, GLU, RESIDUAL, RMS, BLOCK_M, BLOCK_B)  # fmt: skip
+        _epilogue(acc, acc, out_ptr, out_off, out_mask, rm, rn, n_ok, pid_n, res_ptr, norm_w_ptr, sums_ptr,
+                  GLU, RESIDUAL, BLOCK_M)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -262,6 +295,32 @@ def _check_epilogues(
     return rms.blocks
 
 
+def _check_rope(rope: RopeEpilogue | None, x: torch.Tensor, n: int, other_fusion: bool) -> int:
+    """The RoPE epilogue's contract; returns the head dim (1 without rope)."""
+    if rope is None:
+        return 1
+    if other_fusion:
+        raise ValueError("a rope epilogue takes the QKV product itself: no norm, swiglu, glu or residual")
+    if rope.num_heads < 1 or rope.num_kv_heads < 1:
+        raise ValueError(f"rope needs heads >= 1, got {rope.num_heads}, {rope.num_kv_heads}")
+    rows = rope.num_heads + 2 * rope.num_kv_heads
+    if n % rows:
+        raise ValueError(f"w has {n} rows, not (num_heads + 2 * num_kv_heads) * head_dim for {rows} heads")
+    head_dim = n // rows
+    check_head_dim(head_dim)
+    check_tensor("k_cache", rope.k_cache, ndim=3, dtypes=(x.dtype,), device=x.device)
+    max_ctx = rope.k_cache.shape[1]
+    if rope.k_cache.shape != (rope.num_kv_heads, max_ctx, head_dim):
+        got = tuple(rope.k_cache.shape)
+        raise ValueError(f"k_cache must be ({rope.num_kv_heads}, max_ctx, {head_dim}), got {got}")
+    check_tensor("v_cache", rope.v_cache, shape=tuple(rope.k_cache.shape), dtypes=(x.dtype,), device=x.device)
+    check_tensor("cos_sin", rope.cos_sin, ndim=2, dtypes=(torch.float32,), device=x.device)
+    if rope.cos_sin.shape[0] < max_ctx or rope.cos_sin.shape[1] != head_dim:
+        raise ValueError(f"cos_sin must be (>= {max_ctx}, {head_dim}), got {tuple(rope.cos_sin.shape)}")
+    check_position("start", rope.start, x.device)
+    return head_dim
+
+
 def skinny_gemm(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -274,14 +333,16 @@ def skinny_gemm(
     glu: bool = False,
     residual: ResidualEpilogue | None = None,
     rms: RmsScale | None = None,
+    rope: RopeEpilogue | None = None,
 ) -> torch.Tensor:
     """x (M, K) @ w (N, K).T -> (M, N) in x.dtype, M <= 16; with swiglu, x is (M, 2K) [gate | up] and the
     product is (silu(gate) * up) @ w.T; with norm, the product is rmsnorm(x + residual) @ w.T and
     norm.residual_out receives x + residual; with glu, w is [gate | up] (2N, K) and the result (M, N) is
     silu(x @ gate.T) * (x @ up.T); with residual, y is added to residual.residual in place and the result
     is the new residual * residual.weight (kernels/skinny_parts.py); with rms, the product is scaled by the
-    rows' 1 / rms from the sums such a launch wrote. Split-K configs need a workspace (one is allocated if
-    none). pdl: launch as a programmatic dependent of the previous kernel (kernels/pdl.py)."""
+    rows' 1 / rms from the sums such a launch wrote; with rope, w is the QKV matrix, k and v go to the
+    caches and the result is the rotated q (M, H * D). Split-K configs need a workspace (one is allocated
+    if none). pdl: launch as a programmatic dependent of the previous kernel (kernels/pdl.py)."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor("w", w, ndim=2, dtypes=(x.dtype,), device=x.device)
     m, width = x.shape
@@ -297,7 +358,9 @@ def skinny_gemm(
         raise ValueError(f"x has {width} columns, w {k}: x must have {want}")
     if n < 1 or k < 1:
         raise ValueError(f"w must be non-empty, got shape {tuple(w.shape)}")
-    out = check_out(out, (m, n), x.dtype, x.device)
+    head_dim = _check_rope(rope, x, n, norm is not None or swiglu or glu or residual is not None)
+    out_cols = rope.num_heads * head_dim if rope else n
+    out = check_out(out, (m, out_cols), x.dtype, x.device)
     check_pdl(pdl, x.device)
     if norm is not None:
         if swiglu:
@@ -309,7 +372,11 @@ def skinny_gemm(
             raise ValueError("residual_out must not be the residual: other programs still read it")
     if config is None:  # tiles as ranked for the whole matrix ([gate | up] with glu)
         config = default_config(m, 2 * n if glu else n, k, x.device)
+    if rope is not None and config.block_n > head_dim:  # a tile holds dims of one head only
+        config = dataclasses.replace(config, block_n=head_dim)
     cfg = config
+    if rope is not None and head_dim % cfg.block_n:
+        raise ValueError(f"rope needs block_n dividing head_dim {head_dim}, got {cfg.block_n}")
     for name in ("block_n", "block_k"):
         size = getattr(cfg, name)
         if size < 16 or size & (size - 1):
@@ -342,6 +409,8 @@ def skinny_gemm(
         *prologue,
         residual.sums if residual else rms.sums if rms else part,
         sum_blocks,
+        *((rope.cos_sin, rope.start, rope.k_cache, rope.v_cache) if rope else (part, part, out, out)),
+        rope.k_cache.shape[1] if rope else 0,
         norm.eps if norm else rms.eps if rms else 0.0,
         m,
         n,
@@ -357,6 +426,10 @@ def skinny_gemm(
         RESIDUAL=residual is not None,
         RMS=rms is not None,
         BLOCK_B=triton.next_power_of_2(max(sum_blocks, 1)),
+        ROPE=rope is not None,
+        H=rope.num_heads if rope else 1,
+        KVH=rope.num_kv_heads if rope else 1,
+        D=head_dim,
         BLOCK_KF=triton.next_power_of_2(k) if norm else 16,
         EVEN_K=split * k_per_split == k,
         UPCAST=dot_operands_fp32(x.dtype),

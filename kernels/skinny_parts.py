@@ -73,46 +73,70 @@ class RmsScale:
     eps: float
 
 
+@dataclass(frozen=True)
+class RopeEpilogue:
+    """After the QKV projection: RoPE on the q and k heads, k and v stored into one slot's KV cache at
+    positions start.., and the rotated q returned (M, H * D): kernels/rope_store.py without its launch, the
+    same arithmetic (the product rounded as stored, rotated in fp32, rounded once)."""
+
+    cos_sin: torch.Tensor  # (>= max_ctx, D) fp32, rope_cos_sin
+    start: torch.Tensor  # (1,) int32/int64 on the device: position of row 0
+    k_cache: torch.Tensor  # (KVH, max_ctx, D)
+    v_cache: torch.Tensor  # (KVH, max_ctx, D)
+    num_heads: int
+    num_kv_heads: int
+
+
 @triton.jit
-def _epilogue(
-    total,
-    total_up,
-    out_ptr,
-    out_off,
-    out_mask,
-    rm,
-    m_ok,
-    rn,
-    n_ok,
-    pid_n,
-    res_ptr,
-    norm_w_ptr,
-    sums_ptr,
-    sum_blocks,
-    K,
-    eps,
-    GLU: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-    RMS: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-):
-    """Store the output tile: plain (_finish), scaled by the rows' 1 / rms (RMS), or as a ResidualEpilogue
-    (RESIDUAL). The sums are added in one fixed order: the result does not depend on which program ran
-    first."""
-    if RMS:
-        b = tl.arange(0, BLOCK_B)
-        # Only the real rows (a decode step reads 1 of 16). .cg: the previous kernel's stores are in L2,
-        # never in a stale L1 line.
-        sums = tl.load(
-            sums_ptr + b[:, None] * BLOCK_M + rm[None, :],
-            mask=(b < sum_blocks)[:, None] & m_ok[None, :],
-            other=0.0,
-            cache_modifier=".cg",
-        )  # (BLOCK_B, BLOCK_M)
-        inv = tl.rsqrt(tl.sum(sums, 0) / K + eps)  # (BLOCK_M,)
-        total = total * inv[:, None]
-        total_up = total_up * inv[:, None]
+def _rms_inv(sums_ptr, sum_blocks, rm, m_ok, K, eps, BLOCK_M: tl.constexpr, BLOCK_B: tl.constexpr):
+    """1 / rms of each row from the block sums a ResidualEpilogue left, added in one fixed order (the result
+    does not depend on which program ran first). Only the real rows are read (a decode step: 1 of 16); .cg:
+    the previous kernel's stores are in L2, never in a stale L1 line."""
+    b = tl.arange(0, BLOCK_B)
+    sums = tl.load(
+        sums_ptr + b[:, None] * BLOCK_M + rm[None, :],
+        mask=(b < sum_blocks)[:, None] & m_ok[None, :],
+        other=0.0,
+        cache_modifier=".cg",
+    )  # (BLOCK_B, BLOCK_M)
+    return tl.rsqrt(tl.sum(sums, 0) / K + eps)  # (BLOCK_M,)
+
+
+@triton.jit
+def _rope_tile(x1, x2, q_ptr, k_ptr, v_ptr, cos_sin_ptr, start_ptr, rm, m_ok, pid_n, max_ctx,
+               H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr, P: tl.constexpr):  # fmt: skip
+    """A RopeEpilogue tile: dims j..j+P of one head (x1) and the same dims of its second half (x2)."""
+    head = pid_n // (D // 2 // P)
+    j = (pid_n % (D // 2 // P)) * P + tl.arange(0, P)  # (P,)
+    x1 = x1.to(q_ptr.dtype.element_ty).to(tl.float32)  # the projection as stored
+    x2 = x2.to(q_ptr.dtype.element_ty).to(tl.float32)
+    pos = tl.load(start_ptr).to(tl.int64) + rm
+    # Positions past the cache are dropped: a write there would land in another head's (or slot's) rows.
+    ok = (m_ok & (pos < max_ctx))[:, None]
+    if head < H + KVH:
+        cs = cos_sin_ptr + pos[:, None] * D + j[None, :]
+        cos = tl.load(cs, mask=ok, other=0.0)
+        sin = tl.load(cs + D // 2, mask=ok, other=0.0)
+        y1 = x1 * cos - x2 * sin
+        y2 = x2 * cos + x1 * sin
+    else:
+        y1 = x1
+        y2 = x2
+    if head < H:
+        dst = q_ptr + rm.to(tl.int64)[:, None] * (H * D) + head * D + j[None, :]
+    elif head < H + KVH:
+        dst = k_ptr + (head - H).to(tl.int64) * max_ctx * D + pos[:, None] * D + j[None, :]
+    else:
+        dst = v_ptr + (head - H - KVH).to(tl.int64) * max_ctx * D + pos[:, None] * D + j[None, :]
+    tl.store(dst, y1.to(q_ptr.dtype.element_ty), mask=ok)
+    tl.store(dst + D // 2, y2.to(q_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _epilogue(total, total_up, out_ptr, out_off, out_mask, rm, rn, n_ok, pid_n, res_ptr, norm_w_ptr, sums_ptr,
+              GLU: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
+    """Store the output tile: plain (_finish, with GLU the SwiGLU of the two halves), or as a
+    ResidualEpilogue (RESIDUAL)."""
     if RESIDUAL:
         y = total.to(out_ptr.dtype.element_ty).to(tl.float32)  # the projection, rounded as stored
         h = y + tl.load(res_ptr + out_off, mask=out_mask, other=0.0).to(tl.float32)

@@ -30,8 +30,8 @@ STEPS = {"decode @4K": 1, "keystroke +4 @4K": 4, "+16 @4K": 16}
 # name -> FastRunner options; "skinny" is the plain skinny path, "auto" what ships (every choice timed at
 # warm-up per bucket).
 VARIANTS: dict[str, dict[str, object]] = {
-    "skinny": {"gemm": "skinny", "pdl": False},
-    "+pdl": {"gemm": "skinny", "pdl": True},
+    "skinny": {"gemm": "skinny", "pdl": False, "fused_residual": False},
+    "+pdl": {"gemm": "skinny", "pdl": True, "fused_residual": False},
     "+res": {"gemm": "skinny", "pdl": False, "fused_residual": True},
     "+res+pdl": {"gemm": "skinny", "pdl": True, "fused_residual": True},
     "auto": {"fused_residual": None},

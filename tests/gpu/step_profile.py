@@ -67,11 +67,15 @@ def kernels_of(trace: Path) -> list[dict[str, Any]]:
 
 
 def layer_windows(ks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The kernels of each layer: from the QKV GEMM (or the norm before it, when separate) to the next."""
+    """The kernels of each layer: from the QKV GEMM (or the norm before it, when separate) to the next. The
+    layer's anchor is its RoPE kernel, or its attention kernel where RoPE runs in the QKV GEMM's epilogue."""
+    anchor = "rope" if any("rope" in k["name"] for k in ks) else "attention"
     starts = []
     for n, k in enumerate(ks):
-        if "rope" in k["name"]:
+        if anchor == "rope" and "rope" in k["name"]:
             starts.append(n - 2 if "rms_norm" in ks[n - 2]["name"] else n - 1)
+        elif anchor == "attention" and ("_decode_kernel" in k["name"] or "_extend_kernel" in k["name"]):
+            starts.append(n - 1)
     return [ks[a:b] for a, b in zip(starts, [*starts[1:], len(ks)], strict=True)]
 
 
@@ -79,8 +83,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "all fused": {"gemm": "skinny", "fused_norm": True, "fused_glu": True, "fused_combine": True},
     "fused combine": {"fused_combine": True},
-    "skinny": {"gemm": "skinny", "pdl": False},
-    "skinny+PDL": {"gemm": "skinny", "pdl": True},
+    "skinny": {"gemm": "skinny", "pdl": False, "fused_residual": False},
+    "skinny+PDL": {"gemm": "skinny", "pdl": True, "fused_residual": False},
     "fused layer+PDL": {"gemm": "skinny", "pdl": True, "fused_residual": True},
     "skinny+norm": {"gemm": "skinny", "fused_norm": True},
     "skinny+norm+glu": {"gemm": "skinny", "fused_norm": True, "fused_glu": True},

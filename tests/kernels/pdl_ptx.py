@@ -20,9 +20,10 @@ def _case(name: str, module: str, kernel: str, types: dict[str, str], consts: di
 
 _SKINNY_TYPES = {n: "*bf16" for n in ("x_ptr", "w_ptr", "out_ptr", "res_ptr", "norm_w_ptr", "res_out_ptr")}
 _SKINNY_TYPES |= {"part_ptr": "*fp32", "count_ptr": "*i32", "sums_ptr": "*fp32", "eps": "fp32"}
-_SKINNY_TYPES |= {n: "i32" for n in ("M", "N", "K", "k_per_split", "sum_blocks")}
+_SKINNY_TYPES |= {n: "i32" for n in ("M", "N", "K", "k_per_split", "sum_blocks", "max_ctx")}
+_SKINNY_TYPES |= {"cos_sin_ptr": "*fp32", "start_ptr": "*i32", "k_ptr": "*bf16", "v_ptr": "*bf16"}
 _SKINNY = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, SWIGLU=False, GLU=False, NORM=False, BLOCK_KF=16)
-_SKINNY |= dict(RESIDUAL=False, RMS=False, BLOCK_B=1)
+_SKINNY |= dict(RESIDUAL=False, RMS=False, BLOCK_B=1, ROPE=False, H=1, KVH=1, D=1)
 _SKINNY |= dict(EVEN_K=True, UPCAST=False, PRECISION="tf32")
 for split in (1, 4):
     _case(
@@ -54,6 +55,8 @@ _case(
     _SKINNY_TYPES,
     _SKINNY | dict(SPLIT_K=1, PDL=True, GLU=True, RMS=True, BLOCK_B=64),
 )
+_ROPE = dict(SPLIT_K=1, PDL=True, RMS=True, BLOCK_B=64, ROPE=True, H=16, KVH=16, D=128)
+_case("skinny rope rms", "skinny_gemm", "_skinny_kernel", _SKINNY_TYPES, _SKINNY | _ROPE)
 _case(
     "skinny no pdl", "skinny_gemm", "_skinny_kernel", _SKINNY_TYPES, {**_SKINNY, "SPLIT_K": 1, "PDL": False}
 )

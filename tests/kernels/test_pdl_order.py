@@ -52,7 +52,15 @@ def count(lines: list[str], pattern: str) -> int:
 
 
 @pytest.mark.parametrize(
-    "case", ["skinny split 1", "skinny split 4", "skinny residual", "skinny rms", "skinny glu rms"]
+    "case",
+    [
+        "skinny split 1",
+        "skinny split 4",
+        "skinny residual",
+        "skinny rms",
+        "skinny glu rms",
+        "skinny rope rms",
+    ],
 )
 def test_skinny_gemm_waits_before_loading_and_releases_after_its_loop(ptx: dict, case: str) -> None:
     lines = ptx[case]

@@ -1,6 +1,7 @@
-"""The skinny GEMM's residual epilogue and RMS scale (kernels/skinny_parts.py) under the Triton interpreter:
-a projection that adds into the residual stream, then the next projection normalised by the sums the first
-one left, against the separate kernels (the GEMM, kernels/rms_norm.py, the GEMM) on the same values."""
+"""The skinny GEMM's epilogues (kernels/skinny_parts.py) under the Triton interpreter: a projection that
+adds into the residual stream, the next one normalised by the sums the first left (with the SwiGLU), and
+the QKV projection with RoPE and the K/V store, against the separate kernels (the GEMM, kernels/rms_norm.py,
+kernels/silu_mul.py, kernels/rope_store.py) on the same values."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import pytest
 import torch
 
 from lsp_dscoder.kernels.rms_norm import rms_norm
+from lsp_dscoder.kernels.rope_store import rope_cos_sin, rope_store
 from lsp_dscoder.kernels.skinny_gemm import MAX_M, SkinnyConfig, skinny_gemm, skinny_gemm_ref
-from lsp_dscoder.kernels.skinny_parts import ResidualEpilogue, RmsScale
+from lsp_dscoder.kernels.skinny_parts import ResidualEpilogue, RmsScale, RopeEpilogue
 
 EPS = 1e-6
 CASES = [
@@ -96,3 +98,51 @@ def test_rms_scale_with_glu(dtype: torch.dtype, config: SkinnyConfig | None) -> 
     # Two roundings apart at most (the interpreter truncates where torch rounds, and the GEMM's sums run
     # in another order in a tile twice as wide): 4 ulps of the value, with a floor for values near zero.
     torch.testing.assert_close(got.float(), want, atol=4 * ulp * float(want.abs().max()), rtol=4 * ulp)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("m", "heads", "kv_heads", "head_dim", "config"),
+    [
+        (1, 4, 2, 16, None),  # one program a head
+        (5, 2, 2, 32, SkinnyConfig(16, 32, 1, 4, 1)),  # two programs a head
+        (MAX_M, 3, 1, 32, SkinnyConfig(64, 32, 2, 4, 1)),  # tiles cut to the head; K shares
+    ],
+)
+def test_rope_epilogue_matches_gemm_then_rope_store(
+    dtype: torch.dtype, m: int, heads: int, kv_heads: int, head_dim: int, config: SkinnyConfig | None
+) -> None:
+    """q, and the K/V rows written, as the plain GEMM then kernels/rope_store.py give them, with and without
+    the RMS scale in front; nothing written past the step's rows."""
+    c, max_ctx, start = 48, 40, 21
+    gen = torch.Generator().manual_seed(m + head_dim)
+    x = torch.randn(m, c, generator=gen).to(dtype)
+    wqkv = (torch.randn((heads + 2 * kv_heads) * head_dim, c, generator=gen) / c**0.5).to(dtype)
+    cos_sin = rope_cos_sin(max_ctx, head_dim, 10000.0, 1.0, torch.device("cpu"))
+    pos = torch.tensor([start], dtype=torch.int32)
+    sums = torch.zeros(2 * MAX_M)
+    sums[:m] = torch.rand(m, generator=gen) * c
+    for scale in (None, RmsScale(sums, 2, EPS)):
+        caches = [torch.full((kv_heads, max_ctx, head_dim), 7.0).to(dtype) for _ in range(4)]
+        qkv = skinny_gemm(x, wqkv, rms=scale, config=config)
+        want = rope_store(qkv, cos_sin, pos, caches[0], caches[1], heads, kv_heads)
+        rope = RopeEpilogue(cos_sin, pos, caches[2], caches[3], heads, kv_heads)
+        got = skinny_gemm(x, wqkv, rms=scale, rope=rope, config=config)
+        assert got.shape == (m, heads * head_dim)
+        torch.testing.assert_close(got.view(m, heads, head_dim), want, atol=0, rtol=0)
+        torch.testing.assert_close(caches[2], caches[0], atol=0, rtol=0)  # rows past start + m untouched
+        torch.testing.assert_close(caches[3], caches[1], atol=0, rtol=0)
+        assert bool((caches[2][:, start + m :] == 7).all()) and bool((caches[2][:, :start] == 7).all())
+
+
+def test_rope_epilogue_contract() -> None:
+    x, w = torch.randn(2, 32), torch.randn(4 * 16, 32)  # 2 + 2 * 1 heads of 16
+    k = torch.zeros(1, 8, 16)
+    cos_sin = rope_cos_sin(8, 16, 10000.0, 1.0, torch.device("cpu"))
+    pos = torch.tensor([0])
+    with pytest.raises(ValueError, match="w has 64 rows, not .* for 5 heads"):
+        skinny_gemm(x, w, rope=RopeEpilogue(cos_sin, pos, k, k.clone(), 3, 1))
+    with pytest.raises(ValueError, match=r"k_cache must be \(2, max_ctx, 16\)"):
+        skinny_gemm(x, torch.randn(6 * 16, 32), rope=RopeEpilogue(cos_sin, pos, k, k.clone(), 2, 2))
+    with pytest.raises(ValueError, match="a rope epilogue takes the QKV product itself"):
+        skinny_gemm(x, w, glu=True, rope=RopeEpilogue(cos_sin, pos, k, k.clone(), 2, 1))
