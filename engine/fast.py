@@ -41,7 +41,7 @@ from lsp_dscoder.kernels.rms_norm import rms_norm
 from lsp_dscoder.kernels.rope_store import rope_cos_sin, rope_store
 from lsp_dscoder.kernels.silu_mul import silu_mul
 from lsp_dscoder.kernels.skinny_gemm import MAX_M, SkinnyWorkspace, column_blocks, skinny_gemm
-from lsp_dscoder.kernels.skinny_parts import NormPrologue, ResidualEpilogue, RmsScale, RopeEpilogue
+from lsp_dscoder.kernels.skinny_parts import ResidualEpilogue, RmsScale, RopeEpilogue
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 ATTN_IN, MLP_IN = 0, 1  # FastRunner.sums rows: before the QKV projection, before gate/up
@@ -68,11 +68,9 @@ class FastRunner:
     with programmatic dependent launch (sm_90+): always, never, or None: on the skinny path where the GPU
     supports it, as one more graph per bucket that the timing keeps if faster. `fused_combine`: decode
     attention merges its splits in its last program instead of a second kernel (None: without GQA).
-    `fused_norm`: on the skinny path, the residual add + RMSNorm before QKV and gate/up runs inside the GEMM
-    (two launches a layer fewer); None: "auto" times that graph as one more candidate per bucket. Off by
-    default: both forms measured slower on the H200 than the launches they save, and auto never picked it
-    while it cost the warm-up a third capture per bucket (docs/kernels.md). `fused_glu` (with it): the
-    SwiGLU in the gate/up GEMM's epilogue (one launch more; measured slower, off). `parts`: each step's
+    `fused_residual`: on the skinny path, the layers as `fused_layer` runs them (the residual adds, norms,
+    SwiGLU and RoPE in the GEMMs' epilogues): always, never, or None: one more graph per bucket, kept if
+    faster. `parts`: each step's
     graph in that many parts, which a stale step stops between (engine/step_graphs.py); None: by the
     weights' bytes."""
 
@@ -85,8 +83,6 @@ class FastRunner:
         gemm: str = "auto",
         pdl: bool | None = None,
         fused_combine: bool | None = None,
-        fused_norm: bool | None = False,
-        fused_glu: bool = False,
         fused_residual: bool | None = None,
         parts: int | None = None,
     ) -> None:
@@ -122,15 +118,8 @@ class FastRunner:
         # bucket -> "cublas", "skinny" or "skinny" with options ("skinny+res+pdl", `_use`), filled by capture
         self.chosen: dict[int, str] = {}
         self.graph_pool_bytes = 0  # GPU memory of the captured graphs, measured by capture
-        # None: with gemm="auto", the fused skinny graph is one more candidate per bucket (timed in
-        # capture); eager steps do not fuse.
-        self.fused_norm = fused_norm
-        self.norm_now = fused_norm is True  # read by `norm_linear` while a forward is traced or run
-        self.fused_glu = fused_glu  # applies with fused_norm
-        # Residual add + RMSNorm without a launch: the O and down projections add into the residual stream
-        # and leave their rows' sums of squares, and the next projection scales by them (kernels/
-        # skinny_parts.py). Skinny graphs only; `residual_now` is read while a forward is traced.
-        # True: every skinny step; None: one more graph per bucket, kept if faster.
+        # The fused layer (`fused_layer`): skinny steps only; `residual_now` is read while a forward is traced
+        # or run. True: every skinny step; None: one more graph per bucket, kept if faster.
         self.fused_residual = fused_residual
         self.residual_now = fused_residual is True and gemm != "cublas"
         c = cfg.hidden_size
@@ -191,18 +180,9 @@ class FastRunner:
         packed: AwqLinear | None,
         glu: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(linear(rmsnorm(residual + x)), the new residual); with glu, w is [gate | up] and the first item
-        silu(gate) * up. With `fused_norm`, the norm runs in the skinny GEMM's prologue (the new residual in a
-        fresh buffer) and with `fused_glu` the SwiGLU in its epilogue; else the norm kernel (residual updated
-        in place) and the SwiGLU kernel."""
-        eps = self.cfg.rms_norm_eps
-        if self.norm_now and self.skinny and packed is None and x.shape[0] <= MAX_M:
-            new_residual = torch.empty_like(residual)
-            norm = NormPrologue(residual, norm_w, eps, new_residual)
-            fuse_glu = glu and self.fused_glu
-            y = skinny_gemm(x, w, workspace=self.workspace, pdl=self.pdl, norm=norm, glu=fuse_glu)
-            return (silu_mul(y, pdl=self.pdl) if glu and not fuse_glu else y), new_residual
-        x = rms_norm(x, norm_w, eps, residual=residual, pdl=self.pdl)
+        """(linear(rmsnorm(residual + x)), the residual updated in place); with glu, w is [gate | up] and
+        the first item silu(gate) * up."""
+        x = rms_norm(x, norm_w, self.cfg.rms_norm_eps, residual=residual, pdl=self.pdl)
         y = self.linear(x, w, packed)
         return (silu_mul(y, pdl=self.pdl) if glu else y), residual
 
@@ -396,7 +376,7 @@ class FastRunner:
                 self.chosen[b], self.graphs[(slot, b)] = self._time_choices(b, slot, losers)
             if progress:
                 progress("capturing CUDA graphs", i + 1, len(todo))
-        self.skinny, self.norm_now = self.gemm != "cublas", self.fused_norm is True
+        self.skinny = self.gemm != "cublas"
         self.pdl, self.residual_now = self.pdl_option is True, self.skinny and self.fused_residual is True
         torch.cuda.synchronize()
         losers.clear()
@@ -404,11 +384,10 @@ class FastRunner:
         self.graph_pool_bytes = torch.cuda.memory_reserved() - reserved
 
     def _use(self, choice: str) -> None:
-        """Set the flags the launches read for a choice: "cublas", or "skinny" with "+res" (the residual
-        adds and norms in the GEMMs), "+pdl" (programmatic launches) or "+norm" (the norm prologue)."""
+        """Set the flags the launches read for a choice: "cublas", or "skinny" with "+res" (the fused layer)
+        and "+pdl" (programmatic launches)."""
         parts = choice.split("+")
         self.skinny = parts[0] == "skinny"
-        self.norm_now = "norm" in parts or (self.skinny and self.fused_norm is True)
         self.residual_now = "res" in parts or (self.skinny and self.fused_residual is True)
         self.pdl = "pdl" in parts or self.pdl_option is True
 
@@ -420,10 +399,7 @@ class FastRunner:
         res = ("", "+res") if self.fused_residual is None else ("",)
         pdl = ("", "+pdl") if self.pdl_candidate else ("",)
         skinny = tuple(f"skinny{r}{p}" for r in res for p in pdl)
-        if self.gemm == "auto":
-            norm = ("skinny+norm",) if self.fused_norm is None else ()
-            return ("cublas", *skinny, *norm)
-        return skinny
+        return ("cublas", *skinny) if self.gemm == "auto" else skinny
 
     def _capture_one(self, bucket: int, slot: int) -> StepGraph:
         parts: list[torch.cuda.CUDAGraph] = []

@@ -14,8 +14,8 @@ from .rms_norm import rms_norm, rms_norm_ref
 from .rope_store import rope_cos_sin, rope_store, rope_store_ref
 from .shapes import Model
 from .silu_mul import silu_mul, silu_mul_ref
-from .skinny_gemm import SkinnyWorkspace, skinny_gemm
-from .skinny_parts import NormPrologue
+from .skinny_gemm import MAX_M, SkinnyWorkspace, skinny_gemm
+from .skinny_parts import RmsScale
 
 Call = Callable[[], object]
 # make() -> (launch, verify): verify compares what the first launch wrote with the reference.
@@ -118,30 +118,27 @@ def fused_decode_case(m: Model, kv_len: int, max_ctx: int, dev: torch.device) ->
     return make
 
 
-def norm_gemm_case(m: Model, n_tok: int, n_out: int, dev: torch.device, glu: bool) -> Make:
-    """Residual add + RMSNorm in the skinny GEMM's prologue (QKV, or gate/up with the SwiGLU epilogue: glu),
-    as the fast path runs them for a small step."""
+def rms_gemm_case(m: Model, n_tok: int, n_out: int, dev: torch.device, glu: bool) -> Make:
+    """The QKV or gate/up projection of the fused layer: x = residual * norm weight, scaled by the rows'
+    1 / rms from block sums (RmsScale), gate/up with the SwiGLU in the epilogue (glu), as the fast path runs
+    them for a small step."""
 
     def make() -> tuple[Call, Callable[[], float]]:
-        x, res, w = (
-            randn(n_tok, m.hidden, dev=dev),
-            randn(n_tok, m.hidden, dev=dev),
-            randn(n_out, m.hidden, dev=dev),
-        )
+        res, w = randn(n_tok, m.hidden, dev=dev), randn(n_out, m.hidden, dev=dev)
         scale = (1 + 0.1 * torch.randn(m.hidden, device=dev)).to(torch.bfloat16)  # a trained norm's spread
-        norm = NormPrologue(res, scale, 1e-6, torch.empty_like(res))
+        x_w = (res.float() * scale.float()).to(torch.bfloat16)
+        sums = torch.zeros(4 * MAX_M, device=dev)
+        sums.view(4, MAX_M)[:2, :n_tok] = res.float().square().view(n_tok, 2, -1).sum(-1).T  # two blocks
+        rms = RmsScale(sums, 2, 1e-6)
         out = torch.empty(n_tok, n_out // 2 if glu else n_out, device=dev, dtype=torch.bfloat16)
         workspace = SkinnyWorkspace.allocate(n_out, 8, dev)
 
         def verify() -> float:
-            # Against the two kernels it replaces (each checked against its reference in this table): the
-            # same roundings, so the interpreter's truncation cancels out too.
-            a = rms_norm(x, norm.weight, 1e-6, residual=res.clone())
-            y = skinny_gemm(a, w, workspace=workspace)
-            want = silu_mul(y) if glu else y
-            return max(rel_err(out, want), rel_err(norm.residual_out, x + res))
+            # Against the kernels it replaces (each checked against its reference in this table).
+            y = skinny_gemm(rms_norm(res, scale, 1e-6), w, workspace=workspace)
+            return rel_err(out, silu_mul(y) if glu else y)
 
-        return lambda: skinny_gemm(x, w, out=out, workspace=workspace, norm=norm, glu=glu), verify
+        return lambda: skinny_gemm(x_w, w, out=out, workspace=workspace, rms=rms, glu=glu), verify
 
     return make
 

@@ -35,10 +35,10 @@ from .check_cases import (
     attn_cost,
     fused_decode_case,
     kv_cache,
-    norm_gemm_case,
     randn,
     rel_err,
     rms_case,
+    rms_gemm_case,
     rope_case,
     silu_case,
 )
@@ -235,10 +235,10 @@ def main() -> None:
                 glu = name == "gate_up"
                 io = 2 * (n_out * m.hidden + t * (3 * m.hidden + (n_out // 2 if glu else n_out)))
                 run(
-                    "normgemm",
+                    "rmsgemm",
                     m,
                     f"{name}{'+glu' if glu else ''} T={t}",
-                    norm_gemm_case(m, t, n_out, dev, glu),
+                    rms_gemm_case(m, t, n_out, dev, glu),
                     io,
                     2.0 * t * n_out * m.hidden,
                 )

@@ -11,9 +11,6 @@ Split-K without a second launch: each share writes its fp32 partial to a workspa
 its N block; the share that arrives last sums the partials in split order (deterministic) and writes y, and
 resets the counter, so a CUDA graph replays with the workspace as it found it.
 
-SWIGLU=True takes x as the gate/up projection output (M, 2K) and multiplies by silu(gate) * up, computed in
-fp32 and rounded once as kernels/silu_mul.py does: the down projection without the SwiGLU launch.
-
 GLU=True takes W as [gate | up] (2N, K) and writes silu(x @ gate.T) * (x @ up.T) (M, N): a program's tile
 of W rows is BLOCK_N / 2 gate rows and the up rows of the same output columns, one stream and one dot as
 for any tile; the epilogue splits the product into its halves, rounds each to the output dtype and applies
@@ -22,12 +19,9 @@ the SwiGLU as kernels/silu_mul.py does, so the gate/up projection and the SwiGLU
 A ResidualEpilogue (kernels/skinny_parts.py) adds the product into the residual stream and leaves the
 rows' sums of squares per N block; an RmsScale scales the next product by the rows' 1/rms from them: the
 residual add + RMSNorm between two projections without a launch and without work in the K loop.
-
-NORM=True is the residual add + RMSNorm of kernels/rms_norm.py in the prologue (the QKV and gate/up
-projections without the norm launch): every program sums the squares of its rows of x + residual over the
-whole K (a few KB from L2 at M <= 16), normalises its own K share with the same roundings, and the programs
-of the first N block write the new residual, x + residual, to `residual_out` (not in place: other programs
-still read the old one).
+A RopeEpilogue rotates q and k of the QKV product and stores k and v into the KV cache (kernels/
+rope_store.py without its launch). Nothing is fused before the K loop: forms that normalised x or applied
+the SwiGLU to it there kept Triton from pipelining the weight stream and were slower (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -39,21 +33,20 @@ import torch
 import triton
 import triton.language as tl
 
-from .contract import FLOAT_DTYPES, check_head_dim, check_out, check_position, check_tensor, interpreting
+from .contract import FLOAT_DTYPES, check_out, check_tensor, interpreting
 from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 from .skinny_parts import (
-    NormPrologue,
+    BLOCK_ROWS,
     ResidualEpilogue,
     RmsScale,
     RopeEpilogue,
-    _epilogue,
-    _rms_inv,
-    _rope_tile,
-    _row_inv_rms,
+    _tile_out,
+    check_epilogues,
+    check_rope,
 )
 from .split_kv import dot_operands_fp32, dot_precision
 
-MAX_M = 16  # rows of x a program holds: one tl.dot tile
+MAX_M = BLOCK_ROWS  # rows of x a program holds: one tl.dot tile
 
 
 @dataclass(frozen=True)
@@ -69,14 +62,13 @@ class SkinnyConfig:
 
 @triton.jit
 def _skinny_kernel(
-    x_ptr,  # (M, K), or (M, 2K) [gate | up] when SWIGLU
+    x_ptr,  # (M, K)
     w_ptr,  # (N, K)
     out_ptr,  # (M, N)
     part_ptr,  # (SPLIT_K, M, N) fp32 partials when SPLIT_K > 1
     count_ptr,  # (cdiv(N, BLOCK_N),) int32, zero between launches, when SPLIT_K > 1
-    res_ptr,  # (M, K) residual when NORM; (M, N) when RESIDUAL
-    norm_w_ptr,  # (K,) norm weight when NORM; (N,) when RESIDUAL
-    res_out_ptr,  # (M, K) x + residual when NORM
+    res_ptr,  # (M, N) residual when RESIDUAL
+    norm_w_ptr,  # (N,) the next norm's weight when RESIDUAL
     sums_ptr,  # (blocks, BLOCK_M) fp32 row sums of squares: written when RESIDUAL, read when RMS
     sum_blocks,  # RMS: blocks of the launch that wrote sums_ptr
     cos_sin_ptr,  # ROPE: (max_ctx, D) fp32
@@ -93,9 +85,7 @@ def _skinny_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
-    SWIGLU: tl.constexpr,
     GLU: tl.constexpr,
-    NORM: tl.constexpr,
     RESIDUAL: tl.constexpr,  # ResidualEpilogue
     RMS: tl.constexpr,  # RmsScale
     BLOCK_B: tl.constexpr,  # sum_blocks padded to a power of two
@@ -103,7 +93,6 @@ def _skinny_kernel(
     H: tl.constexpr,
     KVH: tl.constexpr,
     D: tl.constexpr,
-    BLOCK_KF: tl.constexpr,  # K padded to a power of two, when NORM
     EVEN_K: tl.constexpr,  # K == SPLIT_K * k_per_split: no K masks
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -133,15 +122,9 @@ def _skinny_kernel(
     if GLU:
         w_rows += (r // HALF) * N
     k_lo = pid_k * k_per_split
-    x_row = rm.to(tl.int64)[:, None] * (2 * K if SWIGLU else K)
+    x_row = rm.to(tl.int64)[:, None] * K
     w_row = w_rows.to(tl.int64)[:, None] * K
     pdl_wait(PDL)  # x is the previous kernel's output
-    # With whole rows (no split-K) the norm's statistic accumulates from the tiles streamed anyway and
-    # scales the product at the end, so the weight stream starts at once; a K share must see the whole row
-    # first. The late form skips one bf16 rounding (of the normalised row): a few ulps, not the same bits.
-    if NORM and SPLIT_K > 1:
-        inv_rms = _row_inv_rms(x_ptr, res_ptr, rm, M, K, eps, BLOCK_M, BLOCK_KF)
-    sum_sq = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, k_per_split, BLOCK_K):
         kk = k_lo + k0 + rk
@@ -151,34 +134,13 @@ def _skinny_kernel(
         else:
             w = tl.load(w_ptr + w_row + kk[None, :], mask=(kk < K)[None, :], other=0.0)
             x_mask = m_ok[:, None] & (kk < K)[None, :]
-        if SWIGLU:
-            gate = tl.load(x_ptr + x_row + kk[None, :], mask=x_mask, other=0.0).to(tl.float32)
-            up = tl.load(x_ptr + x_row + K + kk[None, :], mask=x_mask, other=0.0).to(tl.float32)
-            a = (gate * tl.sigmoid(gate) * up).to(w_ptr.dtype.element_ty)
-        elif NORM:
-            h = tl.load(x_ptr + x_row + kk[None, :], mask=x_mask, other=0.0).to(tl.float32)
-            h += tl.load(res_ptr + x_row + kk[None, :], mask=x_mask, other=0.0).to(tl.float32)
-            h_stored = h.to(x_ptr.dtype.element_ty)
-            if pid_n == 0:
-                tl.store(res_out_ptr + x_row + kk[None, :], h_stored, mask=x_mask)
-            nw = tl.load(norm_w_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
-            if SPLIT_K == 1:
-                hf = h_stored.to(tl.float32)
-                sum_sq += tl.sum(hf * hf, 1)
-                a = (hf * nw[None, :]).to(w_ptr.dtype.element_ty)
-            else:
-                normed = (h_stored.to(tl.float32) * inv_rms[:, None]).to(x_ptr.dtype.element_ty)
-                a = (normed.to(tl.float32) * nw[None, :]).to(w_ptr.dtype.element_ty)
-        else:
-            a = tl.load(x_ptr + x_row + kk[None, :], mask=x_mask, other=0.0)
+        a = tl.load(x_ptr + x_row + kk[None, :], mask=x_mask, other=0.0)
         if UPCAST:
             a = a.to(tl.float32)
             w = w.to(tl.float32)
         acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
 
     pdl_release(PDL)  # the weight stream is done: the next kernel may launch
-    if NORM and SPLIT_K == 1:  # the late form
-        acc *= tl.rsqrt(sum_sq / K + eps)[:, None]
     if SPLIT_K > 1:
         # Partials by program tile (BLOCK_N columns a program, in launch order): the last share to arrive
         # sums them in split order and finishes the tile.
@@ -202,31 +164,6 @@ def _skinny_kernel(
         _tile_out(acc, out_ptr, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr, sums_ptr, sum_blocks,
                   cos_sin_ptr, start_ptr, k_ptr, v_ptr, max_ctx, N, K, eps, GLU, RESIDUAL, RMS, ROPE,
                   H, KVH, D, BLOCK_M, BLOCK_N, BLOCK_B)  # fmt: skip
-
-
-@triton.jit
-def _tile_out(acc, out_ptr, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr, sums_ptr, sum_blocks, cos_sin_ptr,
-              start_ptr, k_ptr, v_ptr, max_ctx, N, K, eps, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
-              RMS: tl.constexpr, ROPE: tl.constexpr, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):  # fmt: skip
-    """The finished tile (fp32 sums) to its epilogue: scaled by the rows' 1 / rms (RMS), then split into
-    its halves for GLU (gate, up) and ROPE (the two halves of a head's dims), or stored whole."""
-    if RMS:
-        acc = acc * _rms_inv(sums_ptr, sum_blocks, rm, m_ok, K, eps, BLOCK_M, BLOCK_B)[:, None]
-    out_off = rm[:, None] * N + rn[None, :]
-    out_mask = m_ok[:, None] & n_ok[None, :]
-    if GLU or ROPE:
-        halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))  # (M, BLOCK_N / 2, 2)
-        first, second = tl.split(halves)
-        if ROPE:
-            _rope_tile(first, second, out_ptr, k_ptr, v_ptr, cos_sin_ptr, start_ptr, rm, m_ok, pid_n, max_ctx,
-                       H, KVH, D, BLOCK_N // 2)  # fmt: skip
-        else:
-            _epilogue(first, second, out_ptr, out_off, out_mask, rm, rn, n_ok, pid_n, res_ptr, norm_w_ptr,
-                      sums_ptr, GLU, RESIDUAL, BLOCK_M)  # fmt: skip
-    else:
-        _epilogue(acc, acc, out_ptr, out_off, out_mask, rm, rn, n_ok, pid_n, res_ptr, norm_w_ptr, sums_ptr,
-                  GLU, RESIDUAL, BLOCK_M)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -265,111 +202,42 @@ def column_blocks(n: int, k: int, device: torch.device) -> int:
     return triton.cdiv(n, default_config(1, n, k, device).block_n)
 
 
-def _check_epilogues(
-    x: torch.Tensor,
-    n: int,
-    residual: ResidualEpilogue | None,
-    rms: RmsScale | None,
-    other_fusion: bool,
-    glu: bool,
-    blocks: int,
-) -> int:
-    """The contract of the residual epilogue and the RMS scale; returns the block count rms names (0)."""
-    m = x.shape[0]
-    if residual is not None:
-        if other_fusion or glu or rms is not None:
-            raise ValueError("a residual epilogue takes a plain product: no norm, swiglu, glu or rms")
-        check_tensor("residual", residual.residual, shape=(m, n), dtypes=(x.dtype,), device=x.device)
-        check_tensor("residual weight", residual.weight, shape=(n,), dtypes=FLOAT_DTYPES, device=x.device)
-        need = blocks * MAX_M
-        check_tensor("sums", residual.sums, ndim=1, dtypes=(torch.float32,), device=x.device)
-        if residual.sums.numel() < need:
-            raise ValueError(f"sums holds {residual.sums.numel()} values, the launch writes {need}")
-    if rms is None:
-        return 0
-    if other_fusion:
-        raise ValueError("an RMS scale takes a product of x itself: no norm prologue or swiglu")
-    check_tensor("sums", rms.sums, ndim=1, dtypes=(torch.float32,), device=x.device)
-    if not 1 <= rms.blocks <= rms.sums.numel() // MAX_M:
-        raise ValueError(f"rms names {rms.blocks} blocks, sums holds {rms.sums.numel() // MAX_M}")
-    return rms.blocks
-
-
-def _check_rope(rope: RopeEpilogue | None, x: torch.Tensor, n: int, other_fusion: bool) -> int:
-    """The RoPE epilogue's contract; returns the head dim (1 without rope)."""
-    if rope is None:
-        return 1
-    if other_fusion:
-        raise ValueError("a rope epilogue takes the QKV product itself: no norm, swiglu, glu or residual")
-    if rope.num_heads < 1 or rope.num_kv_heads < 1:
-        raise ValueError(f"rope needs heads >= 1, got {rope.num_heads}, {rope.num_kv_heads}")
-    rows = rope.num_heads + 2 * rope.num_kv_heads
-    if n % rows:
-        raise ValueError(f"w has {n} rows, not (num_heads + 2 * num_kv_heads) * head_dim for {rows} heads")
-    head_dim = n // rows
-    check_head_dim(head_dim)
-    check_tensor("k_cache", rope.k_cache, ndim=3, dtypes=(x.dtype,), device=x.device)
-    max_ctx = rope.k_cache.shape[1]
-    if rope.k_cache.shape != (rope.num_kv_heads, max_ctx, head_dim):
-        got = tuple(rope.k_cache.shape)
-        raise ValueError(f"k_cache must be ({rope.num_kv_heads}, max_ctx, {head_dim}), got {got}")
-    check_tensor("v_cache", rope.v_cache, shape=tuple(rope.k_cache.shape), dtypes=(x.dtype,), device=x.device)
-    check_tensor("cos_sin", rope.cos_sin, ndim=2, dtypes=(torch.float32,), device=x.device)
-    if rope.cos_sin.shape[0] < max_ctx or rope.cos_sin.shape[1] != head_dim:
-        raise ValueError(f"cos_sin must be (>= {max_ctx}, {head_dim}), got {tuple(rope.cos_sin.shape)}")
-    check_position("start", rope.start, x.device)
-    return head_dim
-
-
 def skinny_gemm(
     x: torch.Tensor,
     w: torch.Tensor,
-    swiglu: bool = False,
     out: torch.Tensor | None = None,
     config: SkinnyConfig | None = None,
     workspace: SkinnyWorkspace | None = None,
     pdl: bool = False,
-    norm: NormPrologue | None = None,
     glu: bool = False,
     residual: ResidualEpilogue | None = None,
     rms: RmsScale | None = None,
     rope: RopeEpilogue | None = None,
 ) -> torch.Tensor:
-    """x (M, K) @ w (N, K).T -> (M, N) in x.dtype, M <= 16; with swiglu, x is (M, 2K) [gate | up] and the
-    product is (silu(gate) * up) @ w.T; with norm, the product is rmsnorm(x + residual) @ w.T and
-    norm.residual_out receives x + residual; with glu, w is [gate | up] (2N, K) and the result (M, N) is
-    silu(x @ gate.T) * (x @ up.T); with residual, y is added to residual.residual in place and the result
-    is the new residual * residual.weight (kernels/skinny_parts.py); with rms, the product is scaled by the
-    rows' 1 / rms from the sums such a launch wrote; with rope, w is the QKV matrix, k and v go to the
-    caches and the result is the rotated q (M, H * D). Split-K configs need a workspace (one is allocated
-    if none). pdl: launch as a programmatic dependent of the previous kernel (kernels/pdl.py)."""
+    """x (M, K) @ w (N, K).T -> (M, N) in x.dtype, M <= 16. With glu, w is [gate | up] (2N, K) and the
+    result (M, N) is silu(x @ gate.T) * (x @ up.T); with residual, y is added to residual.residual in place
+    and the result is the new residual * residual.weight; with rms, the product is scaled by the rows'
+    1 / rms from the sums such a launch wrote; with rope, w is the QKV matrix, k and v go to the caches and
+    the result is the rotated q (M, H * D) (kernels/skinny_parts.py). Split-K configs need a workspace (one
+    is allocated if none). pdl: launch as a programmatic dependent of the previous kernel (kernels/pdl.py)."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
     check_tensor("w", w, ndim=2, dtypes=(x.dtype,), device=x.device)
     m, width = x.shape
     n, k = w.shape
     if glu:
-        if n % 2 or swiglu:
-            raise ValueError(f"glu takes w as [gate | up] with an even row count, no swiglu; w has {n} rows")
-        n //= 2  # output columns; program tiles take BLOCK_N rows of each half
+        if n % 2:
+            raise ValueError(f"glu takes w as [gate | up] with an even row count; w has {n} rows")
+        n //= 2  # output columns; a program's tile takes BLOCK_N / 2 rows of each half
     if not 1 <= m <= MAX_M:
         raise ValueError(f"x must have 1..{MAX_M} rows (larger M belongs to a tiled GEMM), got {m}")
-    if width != (2 * k if swiglu else k):
-        want = f"2 * {k} ([gate | up])" if swiglu else str(k)
-        raise ValueError(f"x has {width} columns, w {k}: x must have {want}")
+    if width != k:
+        raise ValueError(f"x has {width} columns, w {k}: they must match")
     if n < 1 or k < 1:
         raise ValueError(f"w must be non-empty, got shape {tuple(w.shape)}")
-    head_dim = _check_rope(rope, x, n, norm is not None or swiglu or glu or residual is not None)
+    head_dim = check_rope(rope, x, n, glu or residual is not None)
     out_cols = rope.num_heads * head_dim if rope else n
     out = check_out(out, (m, out_cols), x.dtype, x.device)
     check_pdl(pdl, x.device)
-    if norm is not None:
-        if swiglu:
-            raise ValueError("a norm prologue and swiglu exclude each other")
-        for name in ("residual", "residual_out"):
-            check_tensor(name, getattr(norm, name), shape=(m, k), dtypes=(x.dtype,), device=x.device)
-        check_tensor("norm weight", norm.weight, shape=(k,), dtypes=FLOAT_DTYPES, device=x.device)
-        if norm.residual_out.data_ptr() == norm.residual.data_ptr():
-            raise ValueError("residual_out must not be the residual: other programs still read it")
     if config is None:  # tiles as ranked for the whole matrix ([gate | up] with glu)
         config = default_config(m, 2 * n if glu else n, k, x.device)
     if rope is not None and config.block_n > head_dim:  # a tile holds dims of one head only
@@ -386,7 +254,7 @@ def skinny_gemm(
     k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     split = triton.cdiv(k, k_per_split)  # shares that hold any K at all
     blocks = triton.cdiv(n, cfg.block_n // 2 if glu else cfg.block_n)  # a glu tile: half of it per half
-    sum_blocks = _check_epilogues(x, n, residual, rms, norm is not None or swiglu, glu, blocks)
+    sum_blocks = check_epilogues(x, n, residual, rms, glu, blocks)
     if split > 1:
         if workspace is None:
             workspace = SkinnyWorkspace.allocate(blocks * cfg.block_n, split, x.device, cfg.block_n)
@@ -395,23 +263,18 @@ def skinny_gemm(
         part, counts = workspace.partials, workspace.counts
     else:
         part, counts = out, out  # never touched without split-K
-    prologue = (x, x, x)  # residual, weight, residual_out: unused without a norm or a residual epilogue
-    if norm:
-        prologue = (norm.residual, norm.weight, norm.residual_out)
-    elif residual:
-        prologue = (residual.residual, residual.weight, x)
     _skinny_kernel[(blocks, split)](
         x,
         w,
         out,
         part,
         counts,
-        *prologue,
+        *((residual.residual, residual.weight) if residual else (x, x)),
         residual.sums if residual else rms.sums if rms else part,
         sum_blocks,
         *((rope.cos_sin, rope.start, rope.k_cache, rope.v_cache) if rope else (part, part, out, out)),
         rope.k_cache.shape[1] if rope else 0,
-        norm.eps if norm else rms.eps if rms else 0.0,
+        rms.eps if rms else 0.0,
         m,
         n,
         k,
@@ -420,9 +283,7 @@ def skinny_gemm(
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         SPLIT_K=split,
-        SWIGLU=swiglu,
         GLU=glu,
-        NORM=norm is not None,
         RESIDUAL=residual is not None,
         RMS=rms is not None,
         BLOCK_B=triton.next_power_of_2(max(sum_blocks, 1)),
@@ -430,7 +291,6 @@ def skinny_gemm(
         H=rope.num_heads if rope else 1,
         KVH=rope.num_kv_heads if rope else 1,
         D=head_dim,
-        BLOCK_KF=triton.next_power_of_2(k) if norm else 16,
         EVEN_K=split * k_per_split == k,
         UPCAST=dot_operands_fp32(x.dtype),
         PRECISION=dot_precision(x.dtype),
@@ -442,14 +302,9 @@ def skinny_gemm(
     return out
 
 
-def skinny_gemm_ref(
-    x: torch.Tensor, w: torch.Tensor, swiglu: bool = False, glu: bool = False
-) -> torch.Tensor:
+def skinny_gemm_ref(x: torch.Tensor, w: torch.Tensor, glu: bool = False) -> torch.Tensor:
     """Plain PyTorch, fp32 products and sums, one rounding (the test oracle); glu: then silu(gate) * up in
     fp32 and a second rounding, as kernels/silu_mul.py."""
-    if swiglu:
-        gate, up = x.float().chunk(2, dim=-1)
-        x = (torch.nn.functional.silu(gate) * up).to(x.dtype)
     y = (x.float() @ w.float().T).to(x.dtype)
     if glu:
         gate, up = y.float().chunk(2, dim=-1)

@@ -1,8 +1,8 @@
-"""Prologue and epilogue pieces of the skinny GEMM (kernels/skinny_gemm.py): the residual add + RMSNorm
-before a projection, and the SwiGLU after a [gate | up] projection.
+"""Epilogues of the skinny GEMM (kernels/skinny_gemm.py): the residual add and the RMSNorm between two
+projections, the SwiGLU after a [gate | up] projection, RoPE and the K/V store after the QKV projection.
 
-They follow kernels/rms_norm.py and kernels/silu_mul.py rounding for rounding, so a fused step gives what
-the separate kernels give.
+They follow kernels/rms_norm.py, kernels/silu_mul.py and kernels/rope_store.py rounding for rounding,
+except where a docstring says otherwise, so a fused step gives what the separate kernels give.
 """
 
 from __future__ import annotations
@@ -13,31 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
+from .contract import FLOAT_DTYPES, check_head_dim, check_position, check_tensor
 
-@dataclass(frozen=True)
-class NormPrologue:
-    """The residual add + RMSNorm before a projection: x := rmsnorm(x + residual) * weight, and
-    residual_out := x + residual (the residual stream after this add)."""
-
-    residual: torch.Tensor  # (M, K)
-    weight: torch.Tensor  # (K,)
-    eps: float
-    residual_out: torch.Tensor  # (M, K), not `residual` itself
-
-
-@triton.jit
-def _row_inv_rms(x_ptr, res_ptr, rm, M, K, eps, BLOCK_M: tl.constexpr, BLOCK_KF: tl.constexpr):
-    """1 / rms of each row of bf16-rounded x + residual, over the whole K (BLOCK_KF >= K), one row at a time
-    so that only real rows are read."""
-    cols = tl.arange(0, BLOCK_KF)
-    col_ok = cols < K
-    inv = tl.zeros((BLOCK_M,), tl.float32)
-    for r in range(0, M):
-        h = tl.load(x_ptr + r * K + cols, mask=col_ok, other=0.0).to(tl.float32)
-        h += tl.load(res_ptr + r * K + cols, mask=col_ok, other=0.0).to(tl.float32)
-        h = h.to(x_ptr.dtype.element_ty).to(tl.float32)  # the residual as stored
-        inv = tl.where(rm == r, tl.rsqrt(tl.sum(h * h, 0) / K + eps), inv)
-    return inv
+BLOCK_ROWS = 16  # rows of x a skinny GEMM program holds (its MAX_M): the row stride of the block sums
 
 
 @triton.jit
@@ -60,15 +38,17 @@ class ResidualEpilogue:
 
     residual: torch.Tensor  # (M, N)
     weight: torch.Tensor  # (N,)
-    sums: torch.Tensor  # (>= blocks * MAX_M,) fp32
+    sums: torch.Tensor  # (>= blocks * BLOCK_ROWS,) fp32
 
 
 @dataclass(frozen=True)
 class RmsScale:
     """The product scaled by 1 / rms of each row of the residual a ResidualEpilogue wrote, from its block
-    sums: with x = residual * weight, that is rmsnorm(residual) * weight @ W.T, the norm without a launch."""
+    sums: with x = residual * weight, that is rmsnorm(residual) * weight @ W.T, the norm without a launch.
+    It rounds the weighted row before the scale where kernels/rms_norm.py rounds the normalised row and
+    then the weighted one: a bf16 ulp or two of each operand, not the same bits."""
 
-    sums: torch.Tensor  # (>= blocks * MAX_M,) fp32
+    sums: torch.Tensor  # (>= blocks * BLOCK_ROWS,) fp32
     blocks: int  # N blocks of the ResidualEpilogue's launch
     eps: float
 
@@ -148,3 +128,81 @@ def _epilogue(total, total_up, out_ptr, out_off, out_mask, rm, rn, n_ok, pid_n, 
         tl.store(out_ptr + out_off, (hf * nw[None, :]).to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
         tl.store(out_ptr + out_off, _finish(total, total_up, out_ptr, GLU), mask=out_mask)
+
+
+@triton.jit
+def _tile_out(acc, out_ptr, rm, m_ok, rn, n_ok, pid_n, res_ptr, norm_w_ptr, sums_ptr, sum_blocks, cos_sin_ptr,
+              start_ptr, k_ptr, v_ptr, max_ctx, N, K, eps, GLU: tl.constexpr, RESIDUAL: tl.constexpr,
+              RMS: tl.constexpr, ROPE: tl.constexpr, H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):  # fmt: skip
+    """The finished tile (fp32 sums) to its epilogue: scaled by the rows' 1 / rms (RMS), then split into
+    its halves for GLU (gate, up) and ROPE (the two halves of a head's dims), or stored whole."""
+    if RMS:
+        acc = acc * _rms_inv(sums_ptr, sum_blocks, rm, m_ok, K, eps, BLOCK_M, BLOCK_B)[:, None]
+    out_off = rm[:, None] * N + rn[None, :]
+    out_mask = m_ok[:, None] & n_ok[None, :]
+    if GLU or ROPE:
+        halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))  # (M, BLOCK_N / 2, 2)
+        first, second = tl.split(halves)
+        if ROPE:
+            _rope_tile(first, second, out_ptr, k_ptr, v_ptr, cos_sin_ptr, start_ptr, rm, m_ok, pid_n, max_ctx,
+                       H, KVH, D, BLOCK_N // 2)  # fmt: skip
+        else:
+            _epilogue(first, second, out_ptr, out_off, out_mask, rm, rn, n_ok, pid_n, res_ptr, norm_w_ptr,
+                      sums_ptr, GLU, RESIDUAL, BLOCK_M)  # fmt: skip
+    else:
+        _epilogue(acc, acc, out_ptr, out_off, out_mask, rm, rn, n_ok, pid_n, res_ptr, norm_w_ptr, sums_ptr,
+                  GLU, RESIDUAL, BLOCK_M)  # fmt: skip
+
+
+def check_epilogues(
+    x: torch.Tensor,
+    n: int,
+    residual: ResidualEpilogue | None,
+    rms: RmsScale | None,
+    glu: bool,
+    blocks: int,
+) -> int:
+    """The contract of the residual epilogue and the RMS scale; returns the block count rms names (0)."""
+    m = x.shape[0]
+    if residual is not None:
+        if glu or rms is not None:
+            raise ValueError("a residual epilogue takes a plain product: no glu or rms")
+        check_tensor("residual", residual.residual, shape=(m, n), dtypes=(x.dtype,), device=x.device)
+        check_tensor("residual weight", residual.weight, shape=(n,), dtypes=FLOAT_DTYPES, device=x.device)
+        need = blocks * BLOCK_ROWS
+        check_tensor("sums", residual.sums, ndim=1, dtypes=(torch.float32,), device=x.device)
+        if residual.sums.numel() < need:
+            raise ValueError(f"sums holds {residual.sums.numel()} values, the launch writes {need}")
+    if rms is None:
+        return 0
+    check_tensor("sums", rms.sums, ndim=1, dtypes=(torch.float32,), device=x.device)
+    if not 1 <= rms.blocks <= rms.sums.numel() // BLOCK_ROWS:
+        raise ValueError(f"rms names {rms.blocks} blocks, sums holds {rms.sums.numel() // BLOCK_ROWS}")
+    return rms.blocks
+
+
+def check_rope(rope: RopeEpilogue | None, x: torch.Tensor, n: int, other_fusion: bool) -> int:
+    """The RoPE epilogue's contract; returns the head dim (1 without rope)."""
+    if rope is None:
+        return 1
+    if other_fusion:
+        raise ValueError("a rope epilogue takes the QKV product itself: no glu or residual")
+    if rope.num_heads < 1 or rope.num_kv_heads < 1:
+        raise ValueError(f"rope needs heads >= 1, got {rope.num_heads}, {rope.num_kv_heads}")
+    rows = rope.num_heads + 2 * rope.num_kv_heads
+    if n % rows:
+        raise ValueError(f"w has {n} rows, not (num_heads + 2 * num_kv_heads) * head_dim for {rows} heads")
+    head_dim = n // rows
+    check_head_dim(head_dim)
+    check_tensor("k_cache", rope.k_cache, ndim=3, dtypes=(x.dtype,), device=x.device)
+    max_ctx = rope.k_cache.shape[1]
+    if rope.k_cache.shape != (rope.num_kv_heads, max_ctx, head_dim):
+        got = tuple(rope.k_cache.shape)
+        raise ValueError(f"k_cache must be ({rope.num_kv_heads}, max_ctx, {head_dim}), got {got}")
+    check_tensor("v_cache", rope.v_cache, shape=tuple(rope.k_cache.shape), dtypes=(x.dtype,), device=x.device)
+    check_tensor("cos_sin", rope.cos_sin, ndim=2, dtypes=(torch.float32,), device=x.device)
+    if rope.cos_sin.shape[0] < max_ctx or rope.cos_sin.shape[1] != head_dim:
+        raise ValueError(f"cos_sin must be (>= {max_ctx}, {head_dim}), got {tuple(rope.cos_sin.shape)}")
+    check_position("start", rope.start, x.device)
+    return head_dim

@@ -81,20 +81,11 @@ def layer_windows(ks: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
-    "all fused": {"gemm": "skinny", "fused_norm": True, "fused_glu": True, "fused_combine": True},
     "fused combine": {"fused_combine": True},
     "skinny": {"gemm": "skinny", "pdl": False, "fused_residual": False},
     "skinny+PDL": {"gemm": "skinny", "pdl": True, "fused_residual": False},
+    "fused layer": {"gemm": "skinny", "pdl": False, "fused_residual": True},
     "fused layer+PDL": {"gemm": "skinny", "pdl": True, "fused_residual": True},
-    "skinny+norm": {"gemm": "skinny", "fused_norm": True},
-    "skinny+norm+glu": {"gemm": "skinny", "fused_norm": True, "fused_glu": True},
-    "all fused+PDL": {
-        "gemm": "skinny",
-        "fused_norm": True,
-        "fused_glu": True,
-        "fused_combine": True,
-        "pdl": True,
-    },
 }
 
 

@@ -18,11 +18,11 @@ def _case(name: str, module: str, kernel: str, types: dict[str, str], consts: di
     CASES[name] = (module, kernel, types, consts, warps)
 
 
-_SKINNY_TYPES = {n: "*bf16" for n in ("x_ptr", "w_ptr", "out_ptr", "res_ptr", "norm_w_ptr", "res_out_ptr")}
+_SKINNY_TYPES = {n: "*bf16" for n in ("x_ptr", "w_ptr", "out_ptr", "res_ptr", "norm_w_ptr")}
 _SKINNY_TYPES |= {"part_ptr": "*fp32", "count_ptr": "*i32", "sums_ptr": "*fp32", "eps": "fp32"}
 _SKINNY_TYPES |= {n: "i32" for n in ("M", "N", "K", "k_per_split", "sum_blocks", "max_ctx")}
 _SKINNY_TYPES |= {"cos_sin_ptr": "*fp32", "start_ptr": "*i32", "k_ptr": "*bf16", "v_ptr": "*bf16"}
-_SKINNY = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, SWIGLU=False, GLU=False, NORM=False, BLOCK_KF=16)
+_SKINNY = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, GLU=False)
 _SKINNY |= dict(RESIDUAL=False, RMS=False, BLOCK_B=1, ROPE=False, H=1, KVH=1, D=1)
 _SKINNY |= dict(EVEN_K=True, UPCAST=False, PRECISION="tf32")
 for split in (1, 4):

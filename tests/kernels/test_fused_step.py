@@ -1,7 +1,7 @@
-"""The fast path with the residual add + RMSNorm in the skinny GEMM's prologue (and the SwiGLU in its
-epilogue) gives the reference path's logits, step after step (Triton interpreter, CPU, float32, on a tiny
-random checkpoint). Decode attention's fused combine needs splits, which the interpreter does not take:
-tests/kernels/test_decode_attention.py."""
+"""The fast path's fused layer (the residual adds, norms, SwiGLU and RoPE with the K/V store in the skinny
+GEMMs' epilogues) gives the reference path's logits, step after step, with only the launches it keeps
+(Triton interpreter, CPU, float32, on a tiny random checkpoint). Decode attention's fused combine needs
+splits, which the interpreter does not take: tests/kernels/test_decode_attention.py."""
 
 from __future__ import annotations
 
@@ -25,9 +25,8 @@ ATOL = 1e-4
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fused_glu", [False, True])
 def test_fused_steps_match_reference(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, fused_glu: bool
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     folder = cached_checkpoint(
         tmp_path_factory.mktemp("fused"),
@@ -42,10 +41,10 @@ def test_fused_steps_match_reference(
     cpu = torch.device("cpu")
     cache = KVCache(cfg, 2, 64, cpu, torch.float32, pad=8)
     model = Transformer(cfg, load_weights(folder, cfg, cpu, torch.float32), cache.capacity)
-    launches = {"rms_norm": 0, "silu_mul": 0}
+    launches = {"rms_norm": 0, "silu_mul": 0, "rope_store": 0}
     for name in launches:
         monkeypatch.setattr(fast_module, name, counted(getattr(fast_module, name), name, launches))
-    fast = FastRunner(model, cache, graphs=False, gemm="skinny", fused_norm=True, fused_glu=fused_glu)
+    fast = FastRunner(model, cache, graphs=False, gemm="skinny", fused_residual=True)
     ref = ReferenceRunner(model, cache)
     ids = torch.randint(0, cfg.vocab_size, (14,), generator=torch.Generator().manual_seed(2))
     # slot 0 fast, slot 1 reference: a 9-token prefill, 3 more over it, two decode steps
@@ -57,8 +56,8 @@ def test_fused_steps_match_reference(
         got, want = fast.decode(int(ids[pos]), pos, 0), ref.decode(int(ids[pos]), pos, 1)
         torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
     # Per step, only the first layer's norm (no residual yet) and the final norm run as their own kernel;
-    # the SwiGLU kernel runs in each of the 3 layers unless it is fused too.
-    assert launches == {"rms_norm": 4 * 2, "silu_mul": 0 if fused_glu else 4 * 3}
+    # no SwiGLU and no RoPE kernel runs in any of the 3 layers.
+    assert launches == {"rms_norm": 4 * 2, "silu_mul": 0, "rope_store": 0}
 
 
 def counted(
