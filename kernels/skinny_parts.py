@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from .contract import FLOAT_DTYPES, check_head_dim, check_position, check_tensor
+from .rope_store import rotate_store
 
 BLOCK_ROWS = 16  # rows of x a skinny GEMM program holds (its MAX_M): the row stride of the block sums
 
@@ -93,23 +94,7 @@ def _rope_tile(x1, x2, q_ptr, k_ptr, v_ptr, cos_sin_ptr, start_ptr, rm, m_ok, pi
     pos = tl.load(start_ptr).to(tl.int64) + rm
     # Positions past the cache are dropped: a write there would land in another head's (or slot's) rows.
     ok = (m_ok & (pos < max_ctx))[:, None]
-    if head < H + KVH:
-        cs = cos_sin_ptr + pos[:, None] * D + j[None, :]
-        cos = tl.load(cs, mask=ok, other=0.0)
-        sin = tl.load(cs + D // 2, mask=ok, other=0.0)
-        y1 = x1 * cos - x2 * sin
-        y2 = x2 * cos + x1 * sin
-    else:
-        y1 = x1
-        y2 = x2
-    if head < H:
-        dst = q_ptr + rm.to(tl.int64)[:, None] * (H * D) + head * D + j[None, :]
-    elif head < H + KVH:
-        dst = k_ptr + (head - H).to(tl.int64) * max_ctx * D + pos[:, None] * D + j[None, :]
-    else:
-        dst = v_ptr + (head - H - KVH).to(tl.int64) * max_ctx * D + pos[:, None] * D + j[None, :]
-    tl.store(dst, y1.to(q_ptr.dtype.element_ty), mask=ok)
-    tl.store(dst + D // 2, y2.to(q_ptr.dtype.element_ty), mask=ok)
+    rotate_store(x1, x2, head, j, rm, pos, ok, q_ptr, k_ptr, v_ptr, cos_sin_ptr, max_ctx, H, KVH, D)
 
 
 @triton.jit
