@@ -91,39 +91,6 @@ def test_gemm_choices_give_the_same_logits(tmp_path_factory) -> None:
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
 
 
-def test_fused_residual_matches_reference(tmp_path_factory) -> None:
-    """The residual adds and norms inside the skinny GEMMs (`fused_residual`): the same logits and K/V as
-    the reference path, over layers and a cached prefix; a step past 16 tokens takes the plain path."""
-    folder = cached_checkpoint(
-        tmp_path_factory.mktemp("fused"),
-        "fused-res",
-        hidden_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=96,
-        num_hidden_layers=3,
-    )
-    model, cache = build(folder)
-    fast = FastRunner(model, cache, graphs=False, gemm="skinny", fused_residual=True)
-    assert fast.residual_now
-    ref = ReferenceRunner(model, cache)
-    ids = torch.randint(0, model.cfg.vocab_size, (30,), generator=torch.Generator().manual_seed(2))
-    for a, b in ((0, 20), (20, 24)):  # 20 tokens: plain path; 4 over the prefix: fused
-        torch.testing.assert_close(
-            fast.prefill(ids[a:b], a, 0), ref.prefill(ids[a:b], a, 1), atol=ATOL, rtol=0
-        )
-    torch.testing.assert_close(
-        fast.decode(int(ids[24]), 24, 0), ref.decode(int(ids[24]), 24, 1), atol=ATOL, rtol=0
-    )
-    for layer in range(model.cfg.num_layers):
-        torch.testing.assert_close(cache.k(layer, 0)[:, :25], cache.k(layer, 1)[:, :25], atol=1e-5, rtol=0)
-    # The step's norms ran in the GEMMs: the sums of the last O projection's rows (one row, decode) are
-    # the squares of the residual it left, whose rms the reference's last post-norm divides by.
-    sums = fast.sums[1][: fast.sum_blocks[1] * 16].view(-1, 16)
-    assert torch.count_nonzero(sums[:, 1:]) == 0 and bool((sums[:, 0] > 0).all())
-    assert not FastRunner(model, cache, graphs=False, gemm="cublas", fused_residual=True).residual_now
-
-
 def test_bad_runner_options(tiny_model: Path) -> None:
     model, cache = build(tiny_model)
     with pytest.raises(ValueError, match="gemm must be one of"):

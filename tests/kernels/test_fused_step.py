@@ -58,6 +58,13 @@ def test_fused_steps_match_reference(
     # Per step, only the first layer's norm (no residual yet) and the final norm run as their own kernel;
     # no SwiGLU and no RoPE kernel runs in any of the 3 layers.
     assert launches == {"rms_norm": 4 * 2, "silu_mul": 0, "rope_store": 0}
+    for layer in range(cfg.num_layers):  # the QKV epilogue stored the same K/V rows as the reference
+        torch.testing.assert_close(cache.k(layer, 0)[:, :14], cache.k(layer, 1)[:, :14], atol=1e-5, rtol=0)
+        torch.testing.assert_close(cache.v(layer, 0)[:, :14], cache.v(layer, 1)[:, :14], atol=1e-5, rtol=0)
+    # The last O projection's block sums (one row: a decode step) are its residual rows' squares.
+    sums = fast.sums[1][: fast.sum_blocks[1] * 16].view(-1, 16)
+    assert torch.count_nonzero(sums[:, 1:]) == 0 and bool((sums[:, 0] > 0).all())
+    assert not FastRunner(model, cache, graphs=False, gemm="cublas", fused_residual=True).residual_now
 
 
 def counted(
