@@ -64,9 +64,9 @@ class SkinnyConfig:
 def _skinny_kernel(
     x_ptr,  # (M, K)
     w_ptr,  # (N, K)
-    out_ptr,  # (M, N)
-    part_ptr,  # (SPLIT_K, M, N) fp32 partials when SPLIT_K > 1
-    count_ptr,  # (cdiv(N, BLOCK_N),) int32, zero between launches, when SPLIT_K > 1
+    out_ptr,  # (M, N); with GLU (M, N / 2 of W's rows); with ROPE q (M, H * D)
+    part_ptr,  # (SPLIT_K, M, programs * BLOCK_N) fp32 partials by program tile, when SPLIT_K > 1
+    count_ptr,  # (programs,) int32, zero between launches, when SPLIT_K > 1
     res_ptr,  # (M, N) residual when RESIDUAL
     norm_w_ptr,  # (N,) the next norm's weight when RESIDUAL
     sums_ptr,  # (blocks, BLOCK_M) fp32 row sums of squares: written when RESIDUAL, read when RMS
