@@ -64,7 +64,7 @@ class SkinnyConfig:
 def _skinny_kernel(
     x_ptr,  # (M, K)
     w_ptr,  # (N, K)
-    out_ptr,  # (M, N); with GLU (M, N / 2 of W's rows); with ROPE q (M, H * D)
+    out_ptr,  # (M, N), N output columns (W has 2N rows with GLU); with ROPE q (M, H * D)
     part_ptr,  # (SPLIT_K, M, programs * BLOCK_N) fp32 partials by program tile, when SPLIT_K > 1
     count_ptr,  # (programs,) int32, zero between launches, when SPLIT_K > 1
     res_ptr,  # (M, N) residual when RESIDUAL
