@@ -91,6 +91,26 @@ def test_gemm_choices_give_the_same_logits(tmp_path_factory) -> None:
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
 
 
+def test_warm_up_candidates_and_their_flags(tiny_model: Path) -> None:
+    """What capture times per bucket, and the flags each choice sets for the launches (the timing itself
+    runs on a GPU only; PDL is offered as where the GPU supports it)."""
+    model, cache = build(tiny_model)
+    auto = FastRunner(model, cache, graphs=False)
+    auto.pdl_candidate = True  # as on an sm_90 GPU
+    assert auto._choices(4) == ("cublas", "skinny", "skinny+pdl", "skinny+res", "skinny+res+pdl")
+    assert auto._choices(16) == auto._choices(1) and auto._choices(32) == ("cublas",)
+    auto._use("skinny+res+pdl")
+    assert (auto.skinny, auto.residual_now, auto.pdl) == (True, True, True)
+    auto._use("cublas")
+    assert (auto.skinny, auto.residual_now, auto.pdl) == (False, False, False)
+    plain = FastRunner(model, cache, graphs=False, fused_residual=False)
+    assert plain._choices(4) == ("cublas", "skinny")  # no PDL on the CPU
+    forced = FastRunner(model, cache, graphs=False, gemm="skinny", pdl=True, fused_residual=True)
+    assert forced._choices(4) == ("skinny",)
+    forced._use("skinny")
+    assert (forced.skinny, forced.residual_now, forced.pdl) == (True, True, True)
+
+
 def test_bad_runner_options(tiny_model: Path) -> None:
     model, cache = build(tiny_model)
     with pytest.raises(ValueError, match="gemm must be one of"):
