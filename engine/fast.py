@@ -30,7 +30,6 @@ from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.step_graphs import AHEAD, StepGraph, part_bounds, part_count
-from lsp_dscoder.engine.weights import LayerWeights
 from lsp_dscoder.kernels.awq_dequant import awq_dequant, fragment_dequant
 from lsp_dscoder.kernels.awq_gemm import AwqWorkspace, awq_skinny
 from lsp_dscoder.kernels.awq_mma import awq_mma, mma_supported
@@ -52,15 +51,6 @@ Progress = Callable[[str, int, int], None]
 Interrupted = Callable[[], bool]  # engine/generate.py's: asked between layers of an eager forward
 
 
-def _layer_tensors(layer: LayerWeights) -> list[torch.Tensor]:
-    """The tensors a layer streams: its packed AWQ matrices when it has them (the dense ones are meta)."""
-    if layer.quant is not None:
-        q = layer.quant
-        packed = [t for m in (q.wqkv, q.wo, q.w_gate_up, q.w_down) for t in (m.qweight, m.qzeros, m.scales)]
-        return [*packed, layer.input_norm, layer.post_norm]
-    return [layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down, layer.input_norm, layer.post_norm]
-
-
 class FastRunner:
     """Runner (engine/generate.py) on the fast path. `graphs=False` runs the kernels eagerly (the CPU test
     suite does so under TRITON_INTERPRET=1). `gemm` for steps of <= MAX_M tokens: "cublas", "skinny", or
@@ -70,9 +60,8 @@ class FastRunner:
     attention merges its splits in its last program instead of a second kernel (None: without GQA).
     `fused_residual`: on the skinny path, the layers as `fused_layer` runs them (the residual adds, norms,
     SwiGLU and RoPE in the GEMMs' epilogues): always, never, or None: one more graph per bucket, kept if
-    faster. `parts`: each step's
-    graph in that many parts, which a stale step stops between (engine/step_graphs.py); None: by the
-    weights' bytes."""
+    faster. `parts`: each step's graph in that many parts, which a stale step stops between
+    (engine/step_graphs.py); None: by the weights' bytes."""
 
     def __init__(
         self,
@@ -104,24 +93,20 @@ class FastRunner:
         self.graphs: dict[tuple[int, int], StepGraph] = {}
         # Each graph in parts that a stale step can stop between (engine/step_graphs.py); None: by the
         # bytes of the layer weights.
-        layer_bytes = sum(t.nbytes for layer in model.w.layers for t in _layer_tensors(layer))
+        layer_bytes = sum(t.nbytes for layer in model.w.layers for t in layer.streamed())
         self.parts = part_count(layer_bytes, cfg.num_layers) if parts is None else max(1, parts)
         self.part_done: list[torch.cuda.Event] = []  # one per part, made by capture
         self.ahead = AHEAD  # parts queued behind the running one (engine/step_graphs.py)
         self.counts = {"graph_replays": 0, "eager_forwards": 0}
-        self.gemm = gemm
-        self.skinny = gemm != "cublas"  # read by `linear` while a forward is traced or run
-        self.pdl_option = pdl
-        # Read by every launch while a forward is traced or run; graphs set it per choice (`_use`).
-        self.pdl = pdl is True
+        self.gemm, self.pdl_option, self.fused_residual = gemm, pdl, fused_residual
         self.pdl_candidate = pdl is None and pdl_supported(dev)  # "skinny+pdl" is timed per bucket
+        # The flags read while a forward is traced or run: skinny GEMM, fused layer, PDL. Eager steps take
+        # these; each graph is captured with its choice's (`_use`).
+        self.eager_choice = "cublas" if gemm == "cublas" else "skinny"
+        self._use(self.eager_choice)
         # bucket -> "cublas", "skinny" or "skinny" with options ("skinny+res+pdl", `_use`), filled by capture
         self.chosen: dict[int, str] = {}
         self.graph_pool_bytes = 0  # GPU memory of the captured graphs, measured by capture
-        # The fused layer (`fused_layer`): skinny steps only; `residual_now` is read while a forward is traced
-        # or run. True: every skinny step; None: one more graph per bucket, kept if faster.
-        self.fused_residual = fused_residual
-        self.residual_now = fused_residual is True and gemm != "cublas"
         c = cfg.hidden_size
         # Row sums of squares per N block, [ATTN_IN] left by a down projection for the next QKV, [MLP_IN] by
         # an O projection for gate/up; and the block counts of those two launches.
@@ -145,11 +130,8 @@ class FastRunner:
         packed = bool(model.w.layers) and model.w.layers[0].quant is not None
         if packed and mma_supported(dev, model.w.embed.dtype):
             for layer in model.w.layers:
-                q = layer.quant
-                assert q is not None  # every layer of a packed checkpoint is
-                if all(m.fragments_fit() for m in (q.wqkv, q.wo, q.w_gate_up, q.w_down)):
-                    q.wqkv, q.wo = q.wqkv.to_fragments(), q.wo.to_fragments()
-                    q.w_gate_up, q.w_down = q.w_gate_up.to_fragments(), q.w_down.to_fragments()
+                assert layer.quant is not None  # every layer of a packed checkpoint is
+                layer.quant = layer.quant.to_fragments()
         self.awq_workspace = AwqWorkspace.allocate(widest, dev) if packed else None
         largest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size) * cfg.hidden_size
         self.awq_dense = torch.empty(largest, dtype=model.w.embed.dtype, device=dev) if packed else None
@@ -179,12 +161,12 @@ class FastRunner:
         w: torch.Tensor,
         packed: AwqLinear | None,
         glu: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(linear(rmsnorm(residual + x)), the residual updated in place); with glu, w is [gate | up] and
-        the first item silu(gate) * up."""
+    ) -> torch.Tensor:
+        """linear(rmsnorm(residual + x)), the residual updated in place; with glu, w is [gate | up] and the
+        result silu(gate) * up."""
         x = rms_norm(x, norm_w, self.cfg.rms_norm_eps, residual=residual, pdl=self.pdl)
         y = self.linear(x, w, packed)
-        return (silu_mul(y, pdl=self.pdl) if glu else y), residual
+        return silu_mul(y, pdl=self.pdl) if glu else y
 
     # -- the forward pass ------------------------------------------------------------------------------
     def forward(
@@ -230,15 +212,11 @@ class FastRunner:
                 residual = residual.clone()
                 qkv = self.linear(x, layer.wqkv, aq.wqkv if aq else None)  # (T, (H + 2*KVH) * D)
             else:  # residual += mlp out, then the norm and the QKV projection
-                qkv, residual = self.norm_linear(
-                    x, residual, layer.input_norm, layer.wqkv, aq.wqkv if aq else None
-                )
+                qkv = self.norm_linear(x, residual, layer.input_norm, layer.wqkv, aq.wqkv if aq else None)
             attn = self.attention(qkv, start, seq_len, n, slot)  # (T, H, D)
             o = self.linear(attn.view(t, cfg.q_size), layer.wo, aq.wo if aq else None)  # (T, C)
             post = layer.post_norm  # residual += attn out, the norm, gate/up, SwiGLU: (T, I)
-            act, residual = self.norm_linear(
-                o, residual, post, layer.w_gate_up, aq.w_gate_up if aq else None, glu=True
-            )
+            act = self.norm_linear(o, residual, post, layer.w_gate_up, aq.w_gate_up if aq else None, glu=True)
             x = self.linear(act, layer.w_down, aq.w_down if aq else None)  # (T, C)
         return x, residual
 
@@ -376,8 +354,7 @@ class FastRunner:
                 self.chosen[b], self.graphs[(slot, b)] = self._time_choices(b, slot, losers)
             if progress:
                 progress("capturing CUDA graphs", i + 1, len(todo))
-        self.skinny = self.gemm != "cublas"
-        self.pdl, self.residual_now = self.pdl_option is True, self.skinny and self.fused_residual is True
+        self._use(self.eager_choice)
         torch.cuda.synchronize()
         losers.clear()
         torch.cuda.empty_cache()
@@ -424,20 +401,12 @@ class FastRunner:
         that graph; the others go to `losers`."""
         timed: dict[str, tuple[float, StepGraph]] = {}
         self.last.fill_(bucket - 1)  # the timed replays run: `last` must index this bucket's rows
-        for choice in self._choices(bucket):
+        choices = self._choices(bucket)
+        reps = 12 if len(choices) > 1 else 0  # a single choice is not timed
+        for choice in choices:
             self._use(choice)
             captured = self._capture_one(bucket, slot)
-            samples = []
-            for rep in range(12 if len(self._choices(bucket)) > 1 else 0):
-                begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                begin.record()
-                captured.replay(self.part_done, self.stream)
-                end.record()
-                end.synchronize()
-                if rep >= 3:  # the first replays upload the graph and warm the caches
-                    samples.append(begin.elapsed_time(end))
-            timed[choice] = (sorted(samples)[len(samples) // 2] if samples else 0.0, captured)
+            timed[choice] = (captured.median_ms(self.part_done, self.stream, reps), captured)
         best = min(timed, key=lambda c: timed[c][0])
         losers.extend(g for c, (_, g) in timed.items() if c != best)
         return best, timed[best][1]

@@ -35,6 +35,14 @@ class QuantLayer:
     w_gate_up: AwqLinear  # out 2*I, in C
     w_down: AwqLinear  # out C, in I
 
+    def to_fragments(self) -> QuantLayer:
+        """The layer with every matrix in the tensor-core kernel's fragment layout (kernels/awq_mma.py), or
+        as it is when one of them does not fit that layout."""
+        mats = (self.wqkv, self.wo, self.w_gate_up, self.w_down)
+        if not all(m.fragments_fit() for m in mats):
+            return self
+        return QuantLayer(*(m.to_fragments() for m in mats))
+
 
 @dataclass
 class LayerWeights:
@@ -45,6 +53,16 @@ class LayerWeights:
     w_gate_up: torch.Tensor  # (2*I, C)
     w_down: torch.Tensor  # (C, I)
     quant: QuantLayer | None = None  # packed AWQ (fast path); the four matrices above are then meta
+
+    def streamed(self) -> list[torch.Tensor]:
+        """The tensors a forward reads: the packed AWQ matrices when the layer has them (the dense ones are
+        meta), else the dense ones; and the norms."""
+        if self.quant is not None:
+            q = self.quant
+            mats = (q.wqkv, q.wo, q.w_gate_up, q.w_down)
+            packed = [t for m in mats for t in (m.qweight, m.qzeros, m.scales)]
+            return [*packed, self.input_norm, self.post_norm]
+        return [self.wqkv, self.wo, self.w_gate_up, self.w_down, self.input_norm, self.post_norm]
 
 
 @dataclass
