@@ -240,11 +240,10 @@ def skinny_gemm(
     check_pdl(pdl, x.device)
     if config is None:  # tiles as ranked for the whole matrix ([gate | up] with glu)
         config = default_config(m, 2 * n if glu else n, k, x.device)
-    if rope is not None and config.block_n > head_dim:  # a tile holds dims of one head only
+    # A rope tile holds dims of one head only; block_n and head_dim are powers of two, so it divides it.
+    if rope is not None and config.block_n > head_dim:
         config = dataclasses.replace(config, block_n=head_dim)
     cfg = config
-    if rope is not None and head_dim % cfg.block_n:
-        raise ValueError(f"rope needs block_n dividing head_dim {head_dim}, got {cfg.block_n}")
     for name in ("block_n", "block_k"):
         size = getattr(cfg, name)
         if size < 16 or size & (size - 1):
