@@ -1,7 +1,7 @@
 """The fast path's choices for small steps side by side (the skinny GEMM alone, with programmatic dependent
-launch, with the residual adds and norms in its epilogues, both, and what auto picks), in one process on
-the same random weights (DeepSeek-Coder shapes, bf16): step times and logits, run by hand on a CUDA
-machine.
+launch, with the fused layer (residual adds, norms, SwiGLU and RoPE in its epilogues), both, and what auto
+picks), in one process on the same random weights (DeepSeek-Coder shapes, bf16): step times and logits,
+run by hand on a CUDA machine.
 
     python -m tests.gpu.skinny_ab [--shapes 1.3B,6.7B] [--reps 20]
 
