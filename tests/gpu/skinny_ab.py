@@ -3,11 +3,13 @@ launch, with the fused layer (residual adds, norms, SwiGLU and RoPE in its epilo
 picks), in one process on the same random weights (DeepSeek-Coder shapes, bf16): step times and logits,
 run by hand on a CUDA machine.
 
-    python -m tests.gpu.skinny_ab [--shapes 1.3B,6.7B] [--reps 20]
+    python -m tests.gpu.skinny_ab [--shapes 1.3B,6.7B] [--reps 20] [--quant awq]
 
 Each step is one CUDA graph replay plus the argmax, timed with device events (median). All runners share
 one KV slot, filled once by a 4K prefill; the logits of each step are compared with the reference path
-(plain PyTorch) on the same cache, relative L2.
+(plain PyTorch) on the same cache, relative L2. With `--quant awq` the layer matrices are the bench's INT4
+AWQ weights (lsp_dscoder/bench_awq.py: the same seeded weights quantized, group 128), which the reference
+path cannot run (the dense matrices are not kept): the logits are compared with the plain variant's.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from lsp_dscoder.bench_awq import awq_weights
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.fast import BUCKETS, FastRunner
 from lsp_dscoder.engine.kv_cache import KVCache
@@ -39,23 +42,21 @@ VARIANTS: dict[str, dict[str, object]] = {
 ROUNDS = 3  # the variants' timings interleaved, round by round
 
 
-def config(m: shapes.Model) -> ModelConfig:
-    return ModelConfig.from_dict(
-        {
-            "model_type": "llama",
-            "architectures": ["LlamaForCausalLM"],
-            "vocab_size": shapes.VOCAB_SIZE,
-            "hidden_size": m.hidden,
-            "intermediate_size": m.inter,
-            "num_hidden_layers": m.layers,
-            "num_attention_heads": m.heads,
-            "num_key_value_heads": m.kv_heads,
-            "rms_norm_eps": shapes.RMS_NORM_EPS,
-            "rope_theta": shapes.ROPE_THETA,
-            "rope_scaling": {"type": "linear", "factor": shapes.ROPE_LINEAR_FACTOR},
-            "max_position_embeddings": shapes.MAX_POSITIONS,
-        }
-    )
+def raw_config(m: shapes.Model) -> dict[str, object]:
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": shapes.VOCAB_SIZE,
+        "hidden_size": m.hidden,
+        "intermediate_size": m.inter,
+        "num_hidden_layers": m.layers,
+        "num_attention_heads": m.heads,
+        "num_key_value_heads": m.kv_heads,
+        "rms_norm_eps": shapes.RMS_NORM_EPS,
+        "rope_theta": shapes.ROPE_THETA,
+        "rope_scaling": {"type": "linear", "factor": shapes.ROPE_LINEAR_FACTOR},
+        "max_position_embeddings": shapes.MAX_POSITIONS,
+    }
 
 
 def events_ms(fn: Callable[[], object], reps: int) -> float:
@@ -75,11 +76,13 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def run_shape(m: shapes.Model, reps: int, copy_bw: float) -> None:
-    cfg = config(m)
+def run_shape(m: shapes.Model, reps: int, copy_bw: float, quant: str | None) -> None:
+    raw = raw_config(m)
+    cfg = ModelConfig.from_dict(raw)
     dev = torch.device("cuda")
     cache = KVCache(cfg, 1, 8192 + 64, dev, torch.bfloat16, pad=max(BUCKETS))
-    model = Transformer(cfg, random_weights(cfg, dev, torch.bfloat16), cache.capacity)
+    weights = awq_weights(raw, 128, dev) if quant else random_weights(cfg, dev, torch.bfloat16)
+    model = Transformer(cfg, weights, cache.capacity)
     runners = {name: FastRunner(model, cache, **opts) for name, opts in VARIANTS.items()}  # type: ignore[arg-type]
     for r in runners.values():
         r.capture()
@@ -87,7 +90,10 @@ def run_shape(m: shapes.Model, reps: int, copy_bw: float) -> None:
     ids = torch.randint(2, cfg.vocab_size, (PREFIX + 16,), device=dev, generator=gen)
     runners["skinny"].prefill(ids[:PREFIX], 0, 0)
     w = model.w
-    matrices = [t for layer in w.layers for t in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
+    if quant:
+        matrices = [t for layer in w.layers for t in layer.streamed()[:-2]]  # packed words, zeros, scales
+    else:
+        matrices = [t for layer in w.layers for t in (layer.wqkv, layer.wo, layer.w_gate_up, layer.w_down)]
     weight_bytes = sum(t.numel() * t.element_size() for t in matrices) + w.lm_head.numel() * 2
     kv_bytes = 2 * cfg.num_layers * cfg.kv_size * PREFIX * 2
     floor = (weight_bytes + kv_bytes) / copy_bw * 1e3
@@ -109,7 +115,8 @@ def run_shape(m: shapes.Model, reps: int, copy_bw: float) -> None:
             return r.prefill(new_ids, PREFIX, 0)
 
         logits = {k: step(r) for k, r in runners.items()}
-        ref = model.forward_reference(new_ids, PREFIX, cache, 0)
+        ref = logits["skinny"] if quant else model.forward_reference(new_ids, PREFIX, cache, 0)
+        same = " ".join(f"{n}:{bool((logits[n].argmax(-1) == ref.argmax(-1)).all())}" for n in names)
         samples: dict[str, list[float]] = {k: [] for k in runners}
         for _ in range(ROUNDS):
             for k, r in runners.items():
@@ -122,6 +129,7 @@ def run_shape(m: shapes.Model, reps: int, copy_bw: float) -> None:
             + " ".join(f"{rel(logits[n], ref):9.2e}" for n in names)
         )
         print("  rounds: " + "; ".join(f"{n} " + ", ".join(f"{x:.3f}" for x in samples[n]) for n in names))
+        print(f"  same argmax as {'the plain variant' if quant else 'the reference'}: {same}")
     del runners, model, cache
     torch.cuda.empty_cache()
 
@@ -130,12 +138,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1.3B,6.7B")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--quant", choices=["awq"], default=None)
     args = ap.parse_args()
     a = torch.empty(2**28, device="cuda")
     b = torch.empty_like(a).normal_()
     copy_bw = 2 * a.numel() * 4 / (events_ms(lambda: a.copy_(b), 10) * 1e-3)
     for name in args.shapes.split(","):
-        run_shape(shapes.by_name(name), args.reps, copy_bw)
+        run_shape(shapes.by_name(name), args.reps, copy_bw, args.quant)
 
 
 if __name__ == "__main__":
