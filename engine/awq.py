@@ -98,7 +98,6 @@ class AwqLinear:
     scales: torch.Tensor  # (in / group, out) fp16
     group_size: int
     layout: PackedLayout = PackedLayout.AWQ
-    pair: int = 0  # fragment layout only: columns paired for the GEMM's epilogue (kernels/awq_fragments.py)
 
     @property
     def in_features(self) -> int:
@@ -113,7 +112,7 @@ class AwqLinear:
         if self.layout is PackedLayout.AWQ:
             return self.qweight
         k, n = self.in_features, self.out_features
-        return pack_int4(fragment_unpack(self.qweight, k, n, self.group_size, self.pair))
+        return pack_int4(fragment_unpack(self.qweight, k, n, self.group_size))
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """W (out, in) in `dtype`, for the reference path."""
@@ -131,14 +130,13 @@ class AwqLinear:
     def fragments_fit(self) -> bool:
         return fragments_fit(self.in_features, self.out_features, self.group_size)
 
-    def to_fragments(self, pair: int = 0) -> AwqLinear:
-        """The same layer in the fragment layout, columns paired by `pair` (a no-op if it is already)."""
+    def to_fragments(self) -> AwqLinear:
+        """The same layer in the fragment layout (a no-op if it is already)."""
         if self.layout is PackedLayout.FRAGMENTS:
-            if pair != self.pair:
-                raise ValueError(f"the layer's columns are paired by {self.pair}, not {pair}")
             return self
-        words = fragment_pack(self.qweight, self.group_size, pair=pair)
-        return replace(self, qweight=words, layout=PackedLayout.FRAGMENTS, pair=pair)
+        return replace(
+            self, qweight=fragment_pack(self.qweight, self.group_size), layout=PackedLayout.FRAGMENTS
+        )
 
     @staticmethod
     def cat(parts: list[AwqLinear]) -> AwqLinear:

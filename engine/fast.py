@@ -22,7 +22,6 @@ varying lengths never recompile.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -132,8 +131,7 @@ class FastRunner:
         if packed and mma_supported(dev, model.w.embed.dtype):
             for layer in model.w.layers:
                 assert layer.quant is not None  # every layer of a packed checkpoint is
-                layer.quant = layer.quant.to_fragments(cfg.head_dim)
-            self.sum_blocks = (1, 1)  # packed GEMMs add one total a row (kernels/awq_parts.py)
+                layer.quant = layer.quant.to_fragments()
         self.awq_workspace = AwqWorkspace.allocate(widest, dev) if packed else None
         largest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size) * cfg.hidden_size
         self.awq_dense = torch.empty(largest, dtype=model.w.embed.dtype, device=dev) if packed else None
@@ -144,15 +142,13 @@ class FastRunner:
             p = (packed.qweight, packed.qzeros, packed.scales)
             fragments = packed.layout is PackedLayout.FRAGMENTS
             if x.shape[0] <= MAX_M and fragments:
-                return awq_mma(x, *p, workspace=self.awq_workspace, pdl=self.pdl, pair=packed.pair)
+                return awq_mma(x, *p, workspace=self.awq_workspace, pdl=self.pdl)
             if x.shape[0] <= MAX_M:
                 return awq_skinny(x, *p, workspace=self.awq_workspace, pdl=self.pdl)
             assert self.awq_dense is not None  # allocated with the packed layers
             k, n = packed.in_features, packed.out_features
-            dense = self.awq_dense[: k * n].view(k, n)
-            if fragments:
-                return x @ fragment_dequant(*p, out=dense, pair=packed.pair)  # (K, N)
-            return x @ awq_dequant(*p, out=dense)
+            dequant = fragment_dequant if fragments else awq_dequant
+            return x @ dequant(*p, out=self.awq_dense[: k * n].view(k, n))  # (K, N)
         if self.skinny and x.shape[0] <= MAX_M:
             return skinny_gemm(x, w, workspace=self.workspace, pdl=self.pdl)
         return x @ w.T
@@ -208,7 +204,7 @@ class FastRunner:
                 return None
             layer = w.layers[n]
             aq = layer.quant  # packed AWQ matrices, or None
-            if self.residual_now and t <= MAX_M and (aq is None or aq.wqkv.layout is PackedLayout.FRAGMENTS):
+            if self.residual_now and aq is None and t <= MAX_M:
                 x, residual = self.fused_layer(n, x, residual, start, seq_len, slot)
                 continue
             if x is None:
@@ -254,13 +250,11 @@ class FastRunner:
         seq_len: torch.Tensor,
         slot: int,
     ) -> State:
-        """Layer n of a skinny step with the residual adds and norms in the GEMMs (kernels/skinny_parts.py;
-        kernels/awq_parts.py on packed weights): x is the residual times this layer's input-norm weight
-        (after layer 0), and the layer returns the same for the next one; the last layer returns its down
-        projection, for `head` to add and norm."""
-        layers, eps, pdl = self.model.w.layers, self.cfg.rms_norm_eps, self.pdl
-        layer, cfg, aq = layers[n], self.cfg, layers[n].quant
-        qkv_p, o_p, gate_up_p, down_p = (aq.wqkv, aq.wo, aq.w_gate_up, aq.w_down) if aq else (None,) * 4
+        """Layer n of a skinny step with the residual adds and norms in the GEMMs (kernels/skinny_parts.py):
+        x is the residual times this layer's input-norm weight (after layer 0), and the layer returns the
+        same for the next one; the last layer returns its down projection, for `head` to add and norm."""
+        layers, eps, pdl, ws = self.model.w.layers, self.cfg.rms_norm_eps, self.pdl, self.workspace
+        layer, cfg = layers[n], self.cfg
         scale = None
         if x is None:  # the embedding row: its norm as a kernel, once a step
             x = rms_norm(residual, layer.input_norm, eps, pdl=pdl)
@@ -269,33 +263,20 @@ class FastRunner:
             scale = RmsScale(self.sums[ATTN_IN], self.sum_blocks[ATTN_IN], eps)
         k_cache, v_cache = self.cache.k(n, slot), self.cache.v(n, slot)
         rope = RopeEpilogue(self.cos_sin, start, k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads)
-        # Packed weights add row totals, which the GEMM before each residual epilogue zeroes.
-        zero_mlp = {"zero": self.sums[MLP_IN]} if aq else {}
-        zero_attn = {"zero": self.sums[ATTN_IN]} if aq else {}
-        q = self.fused_gemm(x, layer.wqkv, qkv_p, rms=scale, rope=rope, **zero_mlp)  # (T, H * D)
+        q = skinny_gemm(x, layer.wqkv, workspace=ws, pdl=pdl, rms=scale, rope=rope)  # (T, H * D), K/V stored
         t = q.shape[0]
         attn = self.attend(q.view(t, cfg.num_heads, cfg.head_dim), start, seq_len, n, slot).view(
             t, cfg.q_size
         )
         add = ResidualEpilogue(residual, layer.post_norm, self.sums[MLP_IN])
-        x_mlp = self.fused_gemm(attn, layer.wo, o_p, residual=add)  # (T, C)
+        x_mlp = skinny_gemm(attn, layer.wo, workspace=ws, pdl=pdl, residual=add)  # (T, C)
         scale = RmsScale(self.sums[MLP_IN], self.sum_blocks[MLP_IN], eps)
         # The SwiGLU in the same epilogue: one launch fewer, 1-2 % a step (docs/kernels.md §4).
-        act = self.fused_gemm(x_mlp, layer.w_gate_up, gate_up_p, rms=scale, glu=True, **zero_attn)
+        act = skinny_gemm(x_mlp, layer.w_gate_up, workspace=ws, pdl=pdl, rms=scale, glu=True)  # (T, I)
         if n == len(layers) - 1:
-            return self.fused_gemm(act, layer.w_down, down_p), residual
+            return skinny_gemm(act, layer.w_down, workspace=ws, pdl=pdl), residual
         add = ResidualEpilogue(residual, layers[n + 1].input_norm, self.sums[ATTN_IN])
-        return self.fused_gemm(act, layer.w_down, down_p, residual=add), residual
-
-    def fused_gemm(
-        self, x: torch.Tensor, w: torch.Tensor, packed: AwqLinear | None, **epilogues: Any
-    ) -> torch.Tensor:
-        """A fused layer's GEMM with its epilogues: the INT4 tensor-core kernel on packed weights (in the
-        paired fragment layout), else the skinny GEMM."""
-        if packed is None:
-            return skinny_gemm(x, w, workspace=self.workspace, pdl=self.pdl, **epilogues)
-        p = (packed.qweight, packed.qzeros, packed.scales)
-        return awq_mma(x, *p, workspace=self.awq_workspace, pdl=self.pdl, pair=packed.pair, **epilogues)
+        return skinny_gemm(act, layer.w_down, workspace=ws, pdl=pdl, residual=add), residual
 
     def head(self, state: State, last: torch.Tensor) -> torch.Tensor:
         """The final norm and the LM head on row `last`: float32 logits (1, V)."""

@@ -35,15 +35,13 @@ class QuantLayer:
     w_gate_up: AwqLinear  # out 2*I, in C
     w_down: AwqLinear  # out C, in I
 
-    def to_fragments(self, head_dim: int) -> QuantLayer:
+    def to_fragments(self) -> QuantLayer:
         """The layer with every matrix in the tensor-core kernel's fragment layout (kernels/awq_mma.py), or
-        as it is when one of them does not fit that layout. QKV pairs dims j and j + D/2 of each head and
-        gate/up each gate column with its up column, for the RoPE and SwiGLU epilogues."""
+        as it is when one of them does not fit that layout."""
         mats = (self.wqkv, self.wo, self.w_gate_up, self.w_down)
         if not all(m.fragments_fit() for m in mats):
             return self
-        pairs = (head_dim // 2, 0, self.w_gate_up.out_features // 2, 0)
-        return QuantLayer(*(m.to_fragments(p) for m, p in zip(mats, pairs, strict=True)))
+        return QuantLayer(*(m.to_fragments() for m in mats))
 
 
 @dataclass

@@ -16,7 +16,6 @@ import triton
 import triton.language as tl
 
 from .awq_format import PACK, dequantize
-from .awq_fragments import check_pair, column
 from .contract import check_out, check_tensor
 
 
@@ -99,11 +98,10 @@ def _fragment_dequant_kernel(
     GROUP: tl.constexpr,
     LW: tl.constexpr,
     TILES: tl.constexpr,
-    PAIR: tl.constexpr,
 ):
-    """One load (16 LW rows) of TILES adjacent 16-column tiles, so each row's store is 32 TILES bytes (16
-    bytes when columns are paired): nibble rb + 2 (r // 2) + 4 (r % 2) of lane 4g + t's word j is row
-    4 LW t + 4 j + r, column column(tile, rb, g) (kernels/awq_fragments.py)."""
+    """One load (16 LW rows) of TILES adjacent 16-column tiles, so each row's store is 32 TILES bytes:
+    nibble rb + 2 (r // 2) + 4 (r % 2) of lane 4g + t's word j is row 4 LW t + 4 j + r, column 8 rb + g
+    (kernels/awq_fragments.py)."""
     pid_n = tl.program_id(0)
     kb = tl.program_id(1)
     ROWS: tl.constexpr = 16 * LW
@@ -117,8 +115,7 @@ def _fragment_dequant_kernel(
     q = tl.permute(q, (2, 3, 5, 0, 4, 1))  # (t, j, r, tile, rb, g)
     q = tl.reshape(q, (ROWS, TILES * 16))
     rk = kb * ROWS + tl.arange(0, ROWS)
-    rl = pid_n * TILES * 16 + tl.arange(0, TILES * 16)  # the layout's order
-    rn = column(rl // 16, (rl // 8) % 2, rl % 8, PAIR)
+    rn = pid_n * TILES * 16 + tl.arange(0, TILES * 16)
     grp = kb * ROWS // GROUP  # a load never crosses a group
     s = tl.load(s_ptr + grp * N + rn).to(tl.float32)
     zw = tl.load(qz_ptr + grp * (N // 8) + rn // 8)
@@ -128,10 +125,9 @@ def _fragment_dequant_kernel(
 
 
 def fragment_dequant(
-    packed: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, pair: int = 0
+    packed: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, out: torch.Tensor
 ) -> torch.Tensor:
-    """W.T (K, N) into `out` from the fragment layout of kernels/awq_fragments.py (columns paired by
-    `pair`, as packed); returns `out`."""
+    """W.T (K, N) into `out` from the fragment layout of kernels/awq_fragments.py; returns `out`."""
     groups, n = scales.shape
     k = out.shape[0]
     check_tensor("packed", packed, ndim=2, dtypes=(torch.int32,))
@@ -142,11 +138,10 @@ def fragment_dequant(
             f"packed ({packed.numel()} words), scales {tuple(scales.shape)}: not a ({k}, {n}) matrix"
         )
     check_out(out, (k, n), out.dtype, packed.device)
-    check_pair(n, pair)
     group = k // groups
     lw = min(4, group // 16)
     tiles = next(c for c in (8, 4, 2, 1) if (n // 16) % c == 0)
     _fragment_dequant_kernel[(n // 16 // tiles, k // (16 * lw))](
-        packed, qzeros, scales, out, N=n, K=k, GROUP=group, LW=lw, TILES=tiles, PAIR=pair, num_warps=4
+        packed, qzeros, scales, out, N=n, K=k, GROUP=group, LW=lw, TILES=tiles, num_warps=4
     )
     return out

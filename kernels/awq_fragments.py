@@ -10,21 +10,12 @@ product does not depend on their order): the MMA's k = 2t, 2t+1, 2t+8, 2t+9 of b
 4 LW t + 4 j + 0..3, so lane t's x values are 4 LW consecutive ones.
 
 Words in memory: (N / 16, K / (16 LW), 32, LW): word j of lane L in load kb of column tile nt. Nibble
-rb + 2 (r // 2) + 4 (r % 2) of it is W.T[16 LW kb + 4 LW t + 4 j + r, column(nt, rb, g)], L = 4g + t.
-
-`column` is 16 nt + 8 rb + g, unless the layout pairs columns (`pair` P > 0): then a tile holds 8 columns
-of the first half of a block of 2P and the same 8 of its second half, so the lane that holds output j of a
-block also holds output j + P: the gate and up halves of a [gate | up] projection (P = I), or dims j and
-j + D/2 of a head of the QKV projection (P = D / 2). The GEMM's epilogue then does the SwiGLU or RoPE
-without moving data between lanes (kernels/awq_parts.py). Only the words move: qzeros and scales keep
-AutoAWQ's order and are read at the real columns.
+rb + 2 (r // 2) + 4 (r % 2) of it is W.T[16 LW kb + 4 LW t + 4 j + r, 16 nt + 8 rb + g], L = 4g + t.
 """
 
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from .awq_format import unpack_int4
 
@@ -39,40 +30,15 @@ def fragments_fit(k: int, n: int, group: int) -> bool:
     return k % (16 * load_words(group)) == 0 and n % 16 == 0 and group % 32 == 0
 
 
-@triton.jit
-def column(nt, rb, g, PAIR: tl.constexpr):
-    """The matrix column of lane group g's output in half rb of column tile nt (module docstring)."""
-    if PAIR == 0:
-        return nt * 16 + rb * 8 + g
-    return (nt * 8) // PAIR * (2 * PAIR) + (nt * 8) % PAIR + rb * PAIR + g
-
-
-def check_pair(n: int, pair: int) -> None:
-    if pair and (pair < 8 or pair % 8 or n % (2 * pair)):
-        raise ValueError(f"pair must be 0 or a multiple of 8 dividing {n} / 2 into whole blocks, got {pair}")
-
-
-def word_order(n: int, pair: int, device: torch.device | None = None) -> torch.Tensor:
-    """For each word column (8 matrix columns) of the fragment layout, the AutoAWQ word column it holds."""
-    check_pair(n, pair)
-    w = torch.arange(n // 8, device=device)  # (nt, rb) of the layout
-    if not pair:
-        return w
-    nt, rb = w // 2, w % 2
-    return ((nt * 8) // pair * (2 * pair) + (nt * 8) % pair + rb * pair) // 8
-
-
-def fragment_pack(qweight: torch.Tensor, group: int, chunk: int = 2048, pair: int = 0) -> torch.Tensor:
+def fragment_pack(qweight: torch.Tensor, group: int, chunk: int = 2048) -> torch.Tensor:
     """AutoAWQ's qweight (K, N / 8) to the fragment layout: int32 of the same shape (only the order of
     the words and nibbles differs, so every shape check still holds). Column tiles are contiguous in the
     layout, so it is built `chunk` columns at a time (the int64 temporaries of a whole 33B matrix would
-    take gigabytes). `pair`: columns paired as the module docstring says (0: in order)."""
+    take gigabytes)."""
     k, n = qweight.shape[0], qweight.shape[1] * 8
     lw = load_words(group)
     if not fragments_fit(k, n, group):
         raise ValueError(f"fragment layout needs K % {16 * lw} == 0 and N % 16 == 0, got K {k}, N {n}")
-    if pair:
-        qweight = qweight[:, word_order(n, pair, qweight.device)]
     rb = torch.arange(2, device=qweight.device).view(2, 1)
     r = torch.arange(4, device=qweight.device).view(1, 4)
     shift = 4 * (rb + 2 * (r // 2) + 4 * (r % 2))  # (rb, r) -> bit of nibble rb + 2 (r // 2) + 4 (r % 2)
@@ -87,7 +53,7 @@ def fragment_pack(qweight: torch.Tensor, group: int, chunk: int = 2048, pair: in
     return torch.cat(parts).reshape(k, n // 8)
 
 
-def fragment_unpack(packed: torch.Tensor, k: int, n: int, group: int, pair: int = 0) -> torch.Tensor:
+def fragment_unpack(packed: torch.Tensor, k: int, n: int, group: int) -> torch.Tensor:
     """The inverse of fragment_pack, to values (K, N) in 0..15 (the test oracle of the layout)."""
     lw = load_words(group)
     w = packed.to(torch.int64).reshape(n // 16, k // (16 * lw), 8, 4, lw, 1, 1)
@@ -95,10 +61,4 @@ def fragment_unpack(packed: torch.Tensor, k: int, n: int, group: int, pair: int 
     r = torch.arange(4).view(1, 4)
     nib = rb + 2 * (r // 2) + 4 * (r % 2)
     q = (w >> (4 * nib).to(w.device)) & 0xF  # (nt, kb, g, t, j, rb, r)
-    q = q.permute(1, 3, 4, 6, 0, 5, 2).reshape(k, n).to(torch.int32)
-    if not pair:
-        return q
-    cols = (word_order(n, pair, q.device)[:, None] * 8 + torch.arange(8, device=q.device)).reshape(-1)
-    out = torch.empty_like(q)
-    out[:, cols] = q
-    return out
+    return q.permute(1, 3, 4, 6, 0, 5, 2).reshape(k, n).to(torch.int32)

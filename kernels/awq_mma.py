@@ -25,13 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .awq_fragments import check_pair, column, load_words
+from .awq_fragments import load_words
 from .awq_gemm import check_awq
 from .awq_gemv import AwqWorkspace
-from .awq_parts import mma_epilogue_args, mma_out, share_add, share_take, zero_totals
 from .contract import check_out, interpreting
 from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
-from .skinny_parts import ResidualEpilogue, RmsScale, RopeEpilogue
 
 MMA_MAX_M = 8  # one MMA's B columns
 
@@ -128,16 +126,6 @@ def _mma_kernel(
     count_ptr,  # (column blocks,) int32, zero between launches, when SPLIT_K > 1
     M,
     groups_per_split,
-    res_ptr,  # the epilogues' operands (kernels/awq_parts.py)
-    norm_w_ptr,
-    sums_ptr,
-    zero_ptr,  # (16,) fp32 row totals zeroed at the start, for the next residual epilogue (ZERO)
-    cos_sin_ptr,
-    start_ptr,
-    k_ptr,
-    v_ptr,
-    max_ctx,
-    eps,
     N: tl.constexpr,
     K: tl.constexpr,
     GROUP: tl.constexpr,
@@ -147,15 +135,6 @@ def _mma_kernel(
     DEPTH: tl.constexpr,
     MB: tl.constexpr,  # blocks of 8 x rows: 1, or 2 for 9..16 rows (each weight streamed once)
     PDL: tl.constexpr,
-    PAIR: tl.constexpr,  # the layout's column pairing (kernels/awq_fragments.py)
-    RMS: tl.constexpr,
-    GLU: tl.constexpr,
-    RESIDUAL: tl.constexpr,
-    ROPE: tl.constexpr,
-    ZERO: tl.constexpr,
-    H: tl.constexpr,
-    KVH: tl.constexpr,
-    D: tl.constexpr,
 ):
     L: tl.constexpr = 32 * NW  # lanes of the program; warp w takes column tile pid_n * NW + w
     LPG: tl.constexpr = GROUP // (16 * LW)  # loads a group
@@ -167,8 +146,7 @@ def _mma_kernel(
     g = (lane % 32) // 4
     t = lane % 4
     nt_ok = nt < N // 16  # the launcher makes NW divide N / 16: no load needs a mask
-    c_lo = column(nt, 0, g, PAIR)  # A rows g and g + 8: output columns c_lo, c_hi
-    c_hi = column(nt, 1, g, PAIR)
+    n0 = nt * 16 + g  # A rows g and g + 8: output columns n0, n0 + 8
     g_lo = pid_k * groups_per_split
     g_hi = tl.minimum(g_lo + groups_per_split, K // GROUP)
     c4 = tl.arange(0, 4)
@@ -183,8 +161,6 @@ def _mma_kernel(
     if DEPTH == 1:  # weights are no kernel's output: the first load may go out before the wait
         w_next = tl.load(qp_ptr + kb0 * (32 * LW) + w_off)
     pdl_wait(PDL)  # x is the previous kernel's output
-    # The kernel that read these totals last has completed: the one before this one waited for it.
-    zero_totals(zero_ptr, pid_n, pid_k, ZERO)
     if DEPTH == 1:
         xa_next, xb_next = _load_b(x_ptr, kb0, x_off, LW)
         if MB == 2:
@@ -199,10 +175,10 @@ def _mma_kernel(
         a6 = tl.zeros((L,), tl.float32)
         a7 = tl.zeros((L,), tl.float32)
     for grp in range(g_lo, g_hi):
-        zw0 = tl.load(qz_ptr + grp * (N // 8) + c_lo // 8)
-        zw1 = tl.load(qz_ptr + grp * (N // 8) + c_hi // 8)
-        s0 = tl.load(s_ptr + grp * N + c_lo).to(tl.float32)
-        s1 = tl.load(s_ptr + grp * N + c_hi).to(tl.float32)
+        zw0 = tl.load(qz_ptr + grp * (N // 8) + nt * 2)
+        zw1 = tl.load(qz_ptr + grp * (N // 8) + nt * 2 + 1)
+        s0 = tl.load(s_ptr + grp * N + n0).to(tl.float32)
+        s1 = tl.load(s_ptr + grp * N + n0 + 8).to(tl.float32)
         d0 = tl.zeros((L,), tl.float32)
         d1 = tl.zeros((L,), tl.float32)
         d2 = tl.zeros((L,), tl.float32)
@@ -268,7 +244,7 @@ def _mma_kernel(
                     d0, d1, d2, d3, x0, x1, x2, x3, e0, e1, e2, e3, u0, u1, u2, u3 = acc
         z0 = ((zw0 >> z_shift) & 0xF).to(tl.float32)
         z1 = ((zw1 >> z_shift) & 0xF).to(tl.float32)
-        # D fragment: (c_lo, m 2t), (c_lo, 2t + 1), (c_hi, 2t), (c_hi, 2t + 1); X likewise (rows equal).
+        # D fragment: (n0, m 2t), (n0, 2t + 1), (n0 + 8, 2t), (n0 + 8, 2t + 1); X likewise (rows equal).
         a0 += s0 * (16.0 * d0 - (16.0 + z0) * x0)
         a1 += s0 * (16.0 * d1 - (16.0 + z0) * x1)
         a2 += s1 * (16.0 * d2 - (16.0 + z1) * x2)
@@ -279,34 +255,40 @@ def _mma_kernel(
             a6 += s1 * (16.0 * e2 - (16.0 + z1) * u2)
             a7 += s1 * (16.0 * e3 - (16.0 + z1) * u3)
     pdl_release(PDL)  # the weight stream is done: the next kernel may launch
-    # D fragment columns: x rows 2t, 2t + 1 (and 8 more for the second block of rows).
-    r0 = 2 * t
-    head = (pid_n * NW * 8) // PAIR if ROPE else 0  # the launcher keeps a program's tiles in one head
-    if SPLIT_K == 1:
-        mma_out(a0, a1, a2, a3, 0, r0, c_lo, c_hi, nt_ok, M, N, K, eps, head, out_ptr, sums_ptr, res_ptr,
-                norm_w_ptr, cos_sin_ptr, start_ptr, k_ptr, v_ptr, max_ctx, L, RMS, GLU, RESIDUAL, ROPE, H,
-                KVH, D)  # fmt: skip
-        if MB == 2:
-            mma_out(a4, a5, a6, a7, 8, r0 + 8, c_lo, c_hi, nt_ok, M, N, K, eps, head, out_ptr, sums_ptr,
-                    res_ptr, norm_w_ptr, cos_sin_ptr, start_ptr, k_ptr, v_ptr, max_ctx, L, RMS, GLU, RESIDUAL,
-                    ROPE, H, KVH, D)  # fmt: skip
-    else:
-        share_add(a0, a1, a2, a3, acc_ptr, r0, c_lo, c_hi, nt_ok, M, N)
-        if MB == 2:
-            share_add(a4, a5, a6, a7, acc_ptr, r0 + 8, c_lo, c_hi, nt_ok, M, N)
+    m0 = 2 * t  # D fragment columns: x rows 2t, 2t + 1
+    _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, nt_ok, M, N, SPLIT_K, 0)
+    if MB == 2:
+        _finish(a4, a5, a6, a7, out_ptr, acc_ptr, m0 + 8, n0, nt_ok, M, N, SPLIT_K, 0)
+    if SPLIT_K > 1:
         tl.debug_barrier()  # every thread's adds are issued before the one release below
         arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:
-            v0, v1, v2, v3 = share_take(acc_ptr, r0, c_lo, c_hi, nt_ok, M, N)
-            mma_out(v0, v1, v2, v3, 0, r0, c_lo, c_hi, nt_ok, M, N, K, eps, head, out_ptr, sums_ptr, res_ptr,
-                    norm_w_ptr, cos_sin_ptr, start_ptr, k_ptr, v_ptr, max_ctx, L, RMS, GLU, RESIDUAL, ROPE,
-                    H, KVH, D)  # fmt: skip
+            _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, nt_ok, M, N, SPLIT_K, 1)
             if MB == 2:
-                v0, v1, v2, v3 = share_take(acc_ptr, r0 + 8, c_lo, c_hi, nt_ok, M, N)
-                mma_out(v0, v1, v2, v3, 8, r0 + 8, c_lo, c_hi, nt_ok, M, N, K, eps, head, out_ptr, sums_ptr,
-                        res_ptr, norm_w_ptr, cos_sin_ptr, start_ptr, k_ptr, v_ptr, max_ctx, L, RMS, GLU,
-                        RESIDUAL, ROPE, H, KVH, D)  # fmt: skip
+                _finish(a4, a5, a6, a7, out_ptr, acc_ptr, m0 + 8, n0, nt_ok, M, N, SPLIT_K, 1)
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, ok, M, N, SPLIT_K: tl.constexpr, PHASE: tl.constexpr):
+    """The lane's four results (x rows m0, m0 + 1; columns n0, n0 + 8) through _store."""
+    _store(a0, out_ptr, acc_ptr, m0 * N + n0, ok & (m0 < M), SPLIT_K, PHASE)
+    _store(a1, out_ptr, acc_ptr, (m0 + 1) * N + n0, ok & (m0 + 1 < M), SPLIT_K, PHASE)
+    _store(a2, out_ptr, acc_ptr, m0 * N + n0 + 8, ok & (m0 < M), SPLIT_K, PHASE)
+    _store(a3, out_ptr, acc_ptr, (m0 + 1) * N + n0 + 8, ok & (m0 + 1 < M), SPLIT_K, PHASE)
+
+
+@triton.jit
+def _store(a, out_ptr, acc_ptr, off, ok, SPLIT_K: tl.constexpr, PHASE: tl.constexpr):
+    """Phase 0: y, or the share's atomic add. Phase 1 (the last share): read the sum out, zero it."""
+    if SPLIT_K == 1:
+        tl.store(out_ptr + off, a.to(out_ptr.dtype.element_ty), mask=ok)
+    elif PHASE == 0:
+        tl.atomic_add(acc_ptr + off, a, mask=ok, sem="relaxed", scope="gpu")
+    else:
+        total = tl.load(acc_ptr + off, mask=ok, other=0.0, cache_modifier=".cg")
+        tl.store(out_ptr + off, total.to(out_ptr.dtype.element_ty), mask=ok)
+        tl.store(acc_ptr + off, tl.zeros_like(total), mask=ok)
 
 
 def launch_mma(
@@ -319,11 +301,8 @@ def launch_mma(
     tiles: MmaTiles,
     workspace: AwqWorkspace | None,
     pdl: bool,
-    pair: int = 0,
-    epilogue: dict[str, object] | None = None,
 ) -> torch.Tensor:
-    """One launch on the fragment layout; x bf16 (M <= 16, K), shapes checked by the caller; `epilogue`:
-    the kernel's epilogue arguments (kernels/awq_parts.py's mma_epilogue_args), or a plain store."""
+    """One launch on the fragment layout; x bf16 (M <= 8, K), shapes checked by the caller."""
     m, k = x.shape
     n = scales.shape[1]
     if x.dtype != torch.bfloat16 or not 1 <= m <= 2 * MMA_MAX_M:
@@ -344,13 +323,12 @@ def launch_mma(
         if workspace.accum.numel() < m * n or workspace.counts.numel() < blocks:
             raise ValueError(f"workspace too small for M {m}, N {n}")
         acc, counts = workspace.accum, workspace.counts
-    epi = epilogue or mma_epilogue_args(x, n, pair, tiles.num_warps, None, None, False, None, None)[1]
     _mma_kernel[(blocks, split)](
         x.view(torch.int32), packed, qzeros, scales, out, acc, counts, m, per_split, N=n, K=k, GROUP=group,
         LW=load_words(group), NW=tiles.num_warps, SPLIT_K=split, DEPTH=tiles.depth,
-        MB=triton.cdiv(m, MMA_MAX_M), PDL=pdl, PAIR=pair,
+        MB=triton.cdiv(m, MMA_MAX_M), PDL=pdl,
         num_warps=tiles.num_warps, num_stages=1,
-        **epi, **launch_options(pdl),
+        **launch_options(pdl),
     )  # fmt: skip
     return out
 
@@ -373,35 +351,20 @@ def awq_mma(
     tiles: MmaTiles | None = None,
     workspace: AwqWorkspace | None = None,
     pdl: bool = False,
-    pair: int = 0,
-    residual: ResidualEpilogue | None = None,
-    rms: RmsScale | None = None,
-    glu: bool = False,
-    rope: RopeEpilogue | None = None,
-    zero: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x (M, K) bf16, M <= 16, times the AWQ matrix in the fragment layout (fragments: fragment_pack's
-    words viewed as (K, N / 8), columns paired by `pair`): (M, N) bf16. Rows 9..16 run in the same launch
-    (two MMAs a block, each weight read once) unless `tiles.one_pass` is off (then a second launch: one
-    MMA holds 8 rows). The epilogues are kernels/skinny_parts.py's, on one launch (kernels/awq_parts.py):
-    `residual` adds each row's sum of squares into `residual.sums[row]`, which `zero` (in the launch before)
-    must have zeroed; `rms` reads those totals (blocks 1)."""
+    words viewed as (K, N / 8)): (M, N) bf16. Rows 9..16 run in the same launch (two MMAs a block, each
+    weight read once) unless `tiles.one_pass` is off (then a second launch: one MMA holds 8 rows)."""
     group = check_awq(x, fragments, qzeros, scales)
     m, k = x.shape
     n = scales.shape[1]
     if not 1 <= m <= 2 * MMA_MAX_M:
         raise ValueError(f"x must have 1..{2 * MMA_MAX_M} rows, got {m}")
     check_pdl(pdl, x.device)
-    check_pair(n, pair)
+    out = check_out(out, (m, n), x.dtype, x.device)
     tiles = tiles or mma_tiles(n, k, group, x.device)
-    shape, epilogue = mma_epilogue_args(x, n, pair, tiles.num_warps, residual, rms, glu, rope, zero)
-    out = check_out(out, shape, x.dtype, x.device)
     step = 2 * MMA_MAX_M if tiles.one_pass else MMA_MAX_M
-    fused = residual is not None or rms is not None or glu or rope is not None or zero is not None
-    if fused and m > step:
-        raise ValueError(f"the epilogues need the {m} rows in one launch (tiles.one_pass)")
     for r in range(0, m, step):
         rows = slice(r, min(m, r + step))
-        part = out[rows]
-        launch_mma(x[rows], fragments, qzeros, scales, group, part, tiles, workspace, pdl, pair, epilogue)
+        launch_mma(x[rows], fragments, qzeros, scales, group, out[rows], tiles, workspace, pdl)
     return out

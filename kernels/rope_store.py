@@ -47,20 +47,17 @@ def _rope_store_kernel(
     src = qkv_ptr + t.to(tl.int64)[:, None] * ((H + 2 * KVH) * D) + head * D + half[None, :]
     x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)  # (BLOCK_T, D/2)
     x2 = tl.load(src + D // 2, mask=ok, other=0.0).to(tl.float32)
-    t_col, pos_col = t[:, None], pos[:, None]
-    rotate_store(x1, x2, head, half[None, :], t_col, pos_col, ok, q_ptr, k_ptr, v_ptr, cos_sin_ptr, max_ctx,
-                 H, KVH, D)  # fmt: skip
+    rotate_store(x1, x2, head, half, t, pos, ok, q_ptr, k_ptr, v_ptr, cos_sin_ptr, max_ctx, H, KVH, D)
 
 
 @triton.jit
 def rotate_store(x1, x2, head, j, t, pos, ok, q_ptr, k_ptr, v_ptr, cos_sin_ptr, max_ctx,
                  H: tl.constexpr, KVH: tl.constexpr, D: tl.constexpr):  # fmt: skip
-    """Dims j of head `head` (x1) and the same dims of its second half (x2), fp32 (rows t, positions pos,
-    each shaped to broadcast against x1): rotated when the head is a q or k head, then stored to q (T, H, D)
-    or to the k or v cache. Also the QKV GEMM's RoPE epilogue (kernels/skinny_parts.py: a tile; and
-    kernels/awq_parts.py: one value a lane)."""
+    """Dims j of head `head` (x1) and the same dims of its second half (x2), fp32 (rows t, positions pos):
+    rotated when the head is a q or k head, then stored to q (T, H, D) or to the k or v cache. Also the
+    QKV GEMM's RoPE epilogue (kernels/skinny_parts.py)."""
     if head < H + KVH:
-        cs = cos_sin_ptr + pos * D + j
+        cs = cos_sin_ptr + pos[:, None] * D + j[None, :]
         cos = tl.load(cs, mask=ok, other=0.0)
         sin = tl.load(cs + D // 2, mask=ok, other=0.0)
         y1 = x1 * cos - x2 * sin
@@ -69,11 +66,11 @@ def rotate_store(x1, x2, head, j, t, pos, ok, q_ptr, k_ptr, v_ptr, cos_sin_ptr, 
         y1 = x1
         y2 = x2
     if head < H:
-        dst = q_ptr + t.to(tl.int64) * (H * D) + head * D + j
+        dst = q_ptr + t.to(tl.int64)[:, None] * (H * D) + head * D + j[None, :]
     elif head < H + KVH:
-        dst = k_ptr + (head - H).to(tl.int64) * max_ctx * D + pos * D + j
+        dst = k_ptr + (head - H).to(tl.int64) * max_ctx * D + pos[:, None] * D + j[None, :]
     else:
-        dst = v_ptr + (head - H - KVH).to(tl.int64) * max_ctx * D + pos * D + j
+        dst = v_ptr + (head - H - KVH).to(tl.int64) * max_ctx * D + pos[:, None] * D + j[None, :]
     tl.store(dst, y1.to(q_ptr.dtype.element_ty), mask=ok)
     tl.store(dst + D // 2, y2.to(q_ptr.dtype.element_ty), mask=ok)
 

@@ -94,8 +94,7 @@ def _rope_tile(x1, x2, q_ptr, k_ptr, v_ptr, cos_sin_ptr, start_ptr, rm, m_ok, pi
     pos = tl.load(start_ptr).to(tl.int64) + rm
     # Positions past the cache are dropped: a write there would land in another head's (or slot's) rows.
     ok = (m_ok & (pos < max_ctx))[:, None]
-    rotate_store(x1, x2, head, j[None, :], rm[:, None], pos[:, None], ok, q_ptr, k_ptr, v_ptr, cos_sin_ptr,
-                 max_ctx, H, KVH, D)  # fmt: skip
+    rotate_store(x1, x2, head, j, rm, pos, ok, q_ptr, k_ptr, v_ptr, cos_sin_ptr, max_ctx, H, KVH, D)
 
 
 @triton.jit

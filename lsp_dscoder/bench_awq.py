@@ -95,7 +95,15 @@ def run_one(cfg: ModelConfig, weights: Weights, reps: int, ids: torch.Tensor) ->
         name: measure(built.runner, None, cfg, n, pre, reps, floors) for name, (n, pre) in SCENARIOS.items()
     }
     gib = torch.cuda.max_memory_allocated() / 2**30
-    return {"rows": rows, "gib": gib, "warmup_s": built.warmup_s, "logits": logits, "floors": floors}
+    chosen = dict(getattr(built.runner, "chosen", {}))  # per graph bucket, timed at warm-up
+    return {
+        "rows": rows,
+        "gib": gib,
+        "warmup_s": built.warmup_s,
+        "logits": logits,
+        "floors": floors,
+        "chosen": chosen,
+    }
 
 
 def bench_shape(shape: str, reps: int, group: int) -> dict[str, Any]:
@@ -137,6 +145,12 @@ def print_table(r: dict[str, Any]) -> None:
     p = r["parity_vs_bf16"]
     print(f"warm-up s: bf16 {r['bf16']['warmup_s']:.1f}, AWQ {r['awq']['warmup_s']:.1f}; 512-token prompt, "
           f"AWQ vs bf16 logits: rel. L2 {p['rel_l2']:.3f}, same argmax {p['argmax_equal']}")  # fmt: skip
+    for kind in ("bf16", "awq"):
+        chosen = r[kind].get("chosen") or {}
+        print(
+            f"{kind} small steps per graph bucket: "
+            + ", ".join(f"{b}: {c}" for b, c in chosen.items() if b <= 16)
+        )
 
 
 def run_awq(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -10,6 +10,8 @@ one KV slot, filled once by a 4K prefill; the logits of each step are compared w
 (plain PyTorch) on the same cache, relative L2. With `--quant awq` the layer matrices are the bench's INT4
 AWQ weights (lsp_dscoder/bench_awq.py: the same seeded weights quantized, group 128), which the reference
 path cannot run (the dense matrices are not kept): the logits are compared with the plain variant's.
+Packed layers keep the separate norm, RoPE and SwiGLU kernels (docs/awq.md), so there the "+res"
+variants run what the plain ones run: a measure of the run-to-run spread.
 """
 
 from __future__ import annotations

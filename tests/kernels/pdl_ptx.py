@@ -80,28 +80,12 @@ _case(
 )
 _MMA_TYPES = {"x_ptr": "*i32", "qp_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "out_ptr": "*bf16"}
 _MMA_TYPES |= {"acc_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "groups_per_split": "i32"}
-_MMA_TYPES |= {"res_ptr": "*bf16", "norm_w_ptr": "*bf16", "sums_ptr": "*fp32", "zero_ptr": "*fp32"}
-_MMA_TYPES |= {"cos_sin_ptr": "*fp32", "start_ptr": "*i32", "k_ptr": "*bf16", "v_ptr": "*bf16"}
-_MMA_TYPES |= {"max_ctx": "i32", "eps": "fp32"}
-_MMA = dict(N=4096, K=4096, GROUP=128, LW=4, NW=1, SPLIT_K=4, DEPTH=1, MB=1, PDL=True, PAIR=0)
-_MMA |= dict(RMS=False, GLU=False, RESIDUAL=False, ROPE=False, ZERO=False, H=1, KVH=1, D=1)
-_case("awq mma", "awq_mma", "_mma_kernel", _MMA_TYPES, _MMA, warps=1)
-# The fused layer's epilogues on packed weights (kernels/awq_parts.py): the release stays after the loop.
-_case("awq mma residual", "awq_mma", "_mma_kernel", _MMA_TYPES, _MMA | dict(RESIDUAL=True, MB=2), warps=1)
 _case(
-    "awq mma glu rms zero",
+    "awq mma",
     "awq_mma",
     "_mma_kernel",
     _MMA_TYPES,
-    _MMA | dict(N=22016, PAIR=11008, GLU=True, RMS=True, ZERO=True, SPLIT_K=1),
-    warps=1,
-)
-_case(
-    "awq mma rope rms zero",
-    "awq_mma",
-    "_mma_kernel",
-    _MMA_TYPES,
-    _MMA | dict(N=12288, PAIR=64, ROPE=True, RMS=True, ZERO=True, H=32, KVH=32, D=128),
+    dict(N=4096, K=4096, GROUP=128, LW=4, NW=1, SPLIT_K=4, DEPTH=1, MB=1, PDL=True),
     warps=1,
 )
 _NORM_TYPES = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "C": "i32"}

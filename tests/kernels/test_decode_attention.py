@@ -30,6 +30,7 @@ def _poison_partials(monkeypatch: pytest.MonkeyPatch) -> None:
         (4, 2, 16, 1, None, torch.float32),  # the first token attends only to itself
         (4, 2, 16, 37, None, torch.bfloat16),  # tail tile partial
         (4, 2, 16, 37, 3, torch.float32),  # three 16-key shares, the last one partial
+        (4, 2, 16, 37, 1, torch.float32),  # one share: the current token's row in its third tile
         (6, 1, 32, 5, 4, torch.bfloat16),  # 6:1 groups; three of four splits past seq_len
         (3, 3, 16, MAX_CTX, 4, torch.bfloat16),  # MHA, the cache full
         (2, 2, 128, 21, 2, torch.float32),  # the real head size
