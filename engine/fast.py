@@ -4,12 +4,11 @@ One forward = per layer: fused residual-add + RMSNorm, one QKV GEMM, RoPE fused 
 extend attention (decode attention for one token), one O GEMM, residual-add + RMSNorm, one gate/up GEMM,
 SwiGLU, one down GEMM; then the LM head on the last valid position only.
 
-Steps of at most 16 tokens (keystrokes, decode, small prefills) may run their layer GEMMs on the skinny
-GEMM (kernels/skinny_gemm.py) instead of cuBLAS, with the residual adds, the norms and the SwiGLU in its
-epilogues and RoPE with the K/V store in QKV's (`fused_layer`, kernels/skinny_parts.py: a layer is five
-launches, six with GQA's split combine, not ten), and with programmatic dependent launch (kernels/pdl.py).
-Which wins depends on the shape, the bucket and the GPU (docs/kernels.md §4), so `capture` times each
-candidate's graph per bucket and keeps the fastest ("auto").
+Steps of at most 16 tokens (keystrokes, decode, small prefills) may run on the skinny GEMM (kernels/
+skinny_gemm.py) instead of cuBLAS, as `fused_layer` (residual adds, norms, SwiGLU, RoPE and the K/V store
+in its epilogues, kernels/skinny_parts.py: five launches a layer, six with GQA's split combine, not ten) and
+with programmatic dependent launch (kernels/pdl.py); `capture` times each candidate's graph per bucket and
+keeps the fastest ("auto": the winner depends on shape, bucket and GPU, docs/kernels.md §4).
 
 Small steps (a keystroke, a decode step) are captured as CUDA graphs per (slot, bucket): the step's
 tokens are padded to the bucket, the start position and the index of the last real token live in device
@@ -26,7 +25,6 @@ from collections.abc import Callable
 import torch
 
 from lsp_dscoder.engine.awq import AwqLinear, PackedLayout
-from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.step_graphs import AHEAD, StepGraph, part_bounds, part_count
@@ -79,15 +77,13 @@ class FastRunner:
             raise ValueError(f"gemm must be one of {GEMM_CHOICES}, got {gemm!r}")
         self.model, self.cache, self.cfg = model, cache, model.cfg
         self.buckets = tuple(b for b in buckets if b <= cache.capacity - cache.max_context) if graphs else ()
-        dev = model.device
-        cfg: ModelConfig = model.cfg
+        dev, cfg = model.device, model.cfg
         self.cos_sin = rope_cos_sin(
             cache.capacity, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, dev
         )
         self.scale = cfg.head_dim**-0.5
-        n = max(self.buckets, default=1)
         # Static inputs of every graph: token ids (padded), start position, index of the last real token.
-        self.ids = torch.zeros(n, dtype=torch.long, device=dev)
+        self.ids = torch.zeros(max(self.buckets, default=1), dtype=torch.long, device=dev)
         self.start = torch.zeros(1, dtype=torch.int32, device=dev)
         self.last = torch.zeros(1, dtype=torch.long, device=dev)
         self.graphs: dict[tuple[int, int], StepGraph] = {}
@@ -107,15 +103,14 @@ class FastRunner:
         # bucket -> "cublas", "skinny" or "skinny" with options ("skinny+res+pdl", `_use`), filled by capture
         self.chosen: dict[int, str] = {}
         self.graph_pool_bytes = 0  # GPU memory of the captured graphs, measured by capture
+        # The block counts of a down and an O projection's launch, and the row sums of squares per N block
+        # they leave: [ATTN_IN] for the next QKV, [MLP_IN] for gate/up.
         c = cfg.hidden_size
-        # Row sums of squares per N block, [ATTN_IN] left by a down projection for the next QKV, [MLP_IN] by
-        # an O projection for gate/up; and the block counts of those two launches.
-        self.sums = torch.zeros(2, -(-c // 16) * MAX_M, dtype=torch.float32, device=dev)
         self.sum_blocks = (column_blocks(c, cfg.intermediate_size, dev), column_blocks(c, cfg.q_size, dev))
-        # Decode attention's arrival counters (one per KV head, zero between launches): with them the last
-        # split merges the partials itself, one launch a layer fewer. By default only without GQA: the
-        # merging split does one query head at a time, and at 7 heads per KV head (33B) that took the
-        # kernel from 11.5 to 22.2 us at 4K, where one head gained 0.3-0.9 us (H200, docs/kernels.md).
+        self.sums = torch.zeros(2, max(self.sum_blocks) * MAX_M, dtype=torch.float32, device=dev)
+        # Decode attention's arrival counters (one per KV head): the last split merges the partials, one
+        # launch a layer fewer. Only without GQA by default: it merges one query head at a time (33B, 7 a KV
+        # head: 11.5 -> 22.2 us at 4K; one head gained 0.3-0.9 us; H200, docs/kernels.md).
         if fused_combine is None:
             fused_combine = cfg.num_heads == cfg.num_kv_heads
         self.attn_counts = (
@@ -203,43 +198,39 @@ class FastRunner:
             if interrupted is not None and interrupted():
                 return None
             layer = w.layers[n]
-            aq = layer.quant  # packed AWQ matrices, or None
-            if self.residual_now and aq is None and t <= MAX_M:
+            if self.residual_now and layer.quant is None and t <= MAX_M:
                 x, residual = self.fused_layer(n, x, residual, start, seq_len, slot)
                 continue
+            aq = layer.quant  # packed AWQ matrices, or None
+            qkv_p, o_p, gate_up_p, down_p = (aq.wqkv, aq.wo, aq.w_gate_up, aq.w_down) if aq else (None,) * 4
             if x is None:
                 x = rms_norm(residual, layer.input_norm, cfg.rms_norm_eps, pdl=pdl)
                 residual = residual.clone()
-                qkv = self.linear(x, layer.wqkv, aq.wqkv if aq else None)  # (T, (H + 2*KVH) * D)
+                qkv = self.linear(x, layer.wqkv, qkv_p)  # (T, (H + 2*KVH) * D)
             else:  # residual += mlp out, then the norm and the QKV projection
-                qkv = self.norm_linear(x, residual, layer.input_norm, layer.wqkv, aq.wqkv if aq else None)
-            attn = self.attention(qkv, start, seq_len, n, slot)  # (T, H, D)
-            o = self.linear(attn.view(t, cfg.q_size), layer.wo, aq.wo if aq else None)  # (T, C)
+                qkv = self.norm_linear(x, residual, layer.input_norm, layer.wqkv, qkv_p)
+            kv = self.cache.k(n, slot), self.cache.v(n, slot)  # (KVH, capacity, D) each
+            q = rope_store(qkv, self.cos_sin, start, *kv, cfg.num_heads, cfg.num_kv_heads, pdl=pdl)
+            attn = self.attend(q, start, seq_len, n, slot)  # (T, H * D)
+            o = self.linear(attn, layer.wo, o_p)  # (T, C)
             post = layer.post_norm  # residual += attn out, the norm, gate/up, SwiGLU: (T, I)
-            act = self.norm_linear(o, residual, post, layer.w_gate_up, aq.w_gate_up if aq else None, glu=True)
-            x = self.linear(act, layer.w_down, aq.w_down if aq else None)  # (T, C)
+            act = self.norm_linear(o, residual, post, layer.w_gate_up, gate_up_p, glu=True)
+            x = self.linear(act, layer.w_down, down_p)  # (T, C)
         return x, residual
-
-    def attention(
-        self, qkv: torch.Tensor, start: torch.Tensor, seq_len: torch.Tensor, n: int, slot: int
-    ) -> torch.Tensor:
-        """RoPE and the K/V store of layer n's new rows, then attention over the slot: (T, H, D). seq_len
-        (start + 1, made once a forward) is what decode attention reads."""
-        cfg = self.cfg
-        k_cache, v_cache = self.cache.k(n, slot), self.cache.v(n, slot)  # (KVH, capacity, D)
-        h, kvh, pdl = cfg.num_heads, cfg.num_kv_heads, self.pdl
-        q = rope_store(qkv, self.cos_sin, start, k_cache, v_cache, h, kvh, pdl=pdl)  # (T, H, D)
-        return self.attend(q, start, seq_len, n, slot)
 
     def attend(
         self, q: torch.Tensor, start: torch.Tensor, seq_len: torch.Tensor, n: int, slot: int
     ) -> torch.Tensor:
-        """Attention of rotated q (T, H, D) over layer n's cache rows, the step's own K/V already stored."""
-        k_cache, v_cache = self.cache.k(n, slot), self.cache.v(n, slot)  # (KVH, capacity, D)
-        if q.shape[0] == 1:
-            counts = self.attn_counts
-            return decode_attention(q, k_cache, v_cache, seq_len, self.scale, pdl=self.pdl, counts=counts)
-        return extend_attention(q, k_cache, v_cache, start, self.scale, pdl=self.pdl)
+        """Rotated q (T, H, D) or (T, H * D) attending over layer n's cache rows, the step's own K/V already
+        stored: (T, H * D). seq_len (start + 1, made once a forward) is what decode attention reads."""
+        kv = self.cache.k(n, slot), self.cache.v(n, slot)  # (KVH, capacity, D) each
+        t, cfg, pdl = q.shape[0], self.cfg, self.pdl
+        q = q.view(t, cfg.num_heads, cfg.head_dim)
+        if t == 1:
+            out = decode_attention(q, *kv, seq_len, self.scale, pdl=pdl, counts=self.attn_counts)
+        else:
+            out = extend_attention(q, *kv, start, self.scale, pdl=pdl)
+        return out.view(t, cfg.q_size)
 
     def fused_layer(
         self,
@@ -264,10 +255,7 @@ class FastRunner:
         k_cache, v_cache = self.cache.k(n, slot), self.cache.v(n, slot)
         rope = RopeEpilogue(self.cos_sin, start, k_cache, v_cache, cfg.num_heads, cfg.num_kv_heads)
         q = skinny_gemm(x, layer.wqkv, workspace=ws, pdl=pdl, rms=scale, rope=rope)  # (T, H * D), K/V stored
-        t = q.shape[0]
-        attn = self.attend(q.view(t, cfg.num_heads, cfg.head_dim), start, seq_len, n, slot).view(
-            t, cfg.q_size
-        )
+        attn = self.attend(q, start, seq_len, n, slot)  # (T, H * D)
         add = ResidualEpilogue(residual, layer.post_norm, self.sums[MLP_IN])
         x_mlp = skinny_gemm(attn, layer.wo, workspace=ws, pdl=pdl, residual=add)  # (T, C)
         scale = RmsScale(self.sums[MLP_IN], self.sum_blocks[MLP_IN], eps)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from lsp_dscoder.bench_engine import choice_line, gemm_choice, measure, measure_floors, start_engine
 from lsp_dscoder.engine.awq import AwqConfig
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.weights import Weights, expected_shapes, weights_from_tensors
@@ -85,8 +86,6 @@ def awq_weights(raw: dict[str, Any], group: int, device: torch.device) -> Weight
 
 
 def run_one(cfg: ModelConfig, weights: Weights, reps: int, ids: torch.Tensor) -> dict[str, Any]:
-    from lsp_dscoder.bench_engine import measure, measure_floors, start_engine
-
     floors = measure_floors()
     torch.cuda.reset_peak_memory_stats()
     built = start_engine(cfg, weights, max_context=4096 + 256 + 64)
@@ -95,14 +94,13 @@ def run_one(cfg: ModelConfig, weights: Weights, reps: int, ids: torch.Tensor) ->
         name: measure(built.runner, None, cfg, n, pre, reps, floors) for name, (n, pre) in SCENARIOS.items()
     }
     gib = torch.cuda.max_memory_allocated() / 2**30
-    chosen = dict(getattr(built.runner, "chosen", {}))  # per graph bucket, timed at warm-up
     return {
         "rows": rows,
         "gib": gib,
         "warmup_s": built.warmup_s,
         "logits": logits,
         "floors": floors,
-        "chosen": chosen,
+        "chosen": gemm_choice(built.runner),
     }
 
 
@@ -146,11 +144,7 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"warm-up s: bf16 {r['bf16']['warmup_s']:.1f}, AWQ {r['awq']['warmup_s']:.1f}; 512-token prompt, "
           f"AWQ vs bf16 logits: rel. L2 {p['rel_l2']:.3f}, same argmax {p['argmax_equal']}")  # fmt: skip
     for kind in ("bf16", "awq"):
-        chosen = r[kind].get("chosen") or {}
-        print(
-            f"{kind} small steps per graph bucket: "
-            + ", ".join(f"{b}: {c}" for b, c in chosen.items() if b <= 16)
-        )
+        print(f"{kind}: {choice_line(r[kind]['chosen'])}")
 
 
 def run_awq(args: argparse.Namespace) -> list[dict[str, Any]]:

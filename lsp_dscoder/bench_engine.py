@@ -43,6 +43,17 @@ def _events(fn: Callable[[], object], reps: int) -> float:
     return float(median_ms(fn, reps))
 
 
+def gemm_choice(runner: Any) -> dict[int, str]:
+    """The fast path's choice per graph bucket, timed at warm-up (none for other runners)."""
+    return dict(getattr(runner, "chosen", {}))
+
+
+def choice_line(chosen: dict[int, str]) -> str:
+    return "GEMM choice per graph bucket (tokens: choice): " + ", ".join(
+        f"{b}: {c}" for b, c in chosen.items()
+    )
+
+
 def measure_floors() -> dict[str, float]:
     """The measured ceilings (the kernels' check uses the same measurement)."""
     from lsp_dscoder.kernels.check_gpu import measure_floors as floors
@@ -159,7 +170,7 @@ def bench_model(
     built, pieces = start_engine_measured(cfg, weights, max_context=8192 + 64)
     progress(f"warm-up done ({built.warmup_s:.1f} s)")
     result: dict[str, Any] = {"model": label, "floors": floors, "warmup_s": built.warmup_s, "rows": []}
-    result["gemm_choice"] = dict(getattr(built.runner, "chosen", {}))  # per graph bucket, timed at warm-up
+    result["gemm_choice"] = gemm_choice(built.runner)
     result["parity_rel_l2"] = parity(built, hf, cfg)
     progress("parity done")
     for name, (new, prefix) in SCENARIOS.items():
@@ -275,10 +286,7 @@ def print_table(r: dict[str, Any]) -> None:
     )
     print(f"warm-up in this process: {r['warmup_s']:.1f} s; {starts}")
     if r.get("gemm_choice"):
-        print(
-            "GEMM choice per graph bucket (tokens: choice): "
-            + ", ".join(f"{b}: {c}" for b, c in r["gemm_choice"].items())
-        )
+        print(choice_line(r["gemm_choice"]))
     if "memory_bytes" in r:
         print(
             "GPU memory (GB, measured around each allocation): "

@@ -126,8 +126,8 @@ class RequestWriter:
 
     def _as_text(self, ids: array[int]) -> str:
         vocab = self.tokenizer.vocab_size
-        if bad := [t for t in ids if not 0 <= t < vocab]:
-            raise ValueError(out_of_vocabulary(bad[0], vocab))
+        if (bad := outside(ids, vocab)) is not None:
+            raise ValueError(out_of_vocabulary(bad, vocab))
         if ids and ids[0] == self.tokenizer.bos_id:
             ids = ids[1:]  # the endpoint adds BOS itself when it tokenises a text prompt
         return str(self._text_tokenizer.decode(ids.tolist(), skip_special_tokens=False))

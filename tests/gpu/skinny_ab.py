@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Callable
 
 import torch
 
+from lsp_dscoder.bench import hf_config
 from lsp_dscoder.bench_awq import awq_weights
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.fast import BUCKETS, FastRunner
@@ -29,6 +29,7 @@ from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.weights import random_weights
 from lsp_dscoder.kernels import shapes
+from lsp_dscoder.kernels.check_gpu import measure_floors, median_ms
 
 PREFIX = 4096
 STEPS = {"decode @4K": 1, "keystroke +4 @4K": 4, "+16 @4K": 16}
@@ -44,42 +45,12 @@ VARIANTS: dict[str, dict[str, object]] = {
 ROUNDS = 3  # the variants' timings interleaved, round by round
 
 
-def raw_config(m: shapes.Model) -> dict[str, object]:
-    return {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
-        "vocab_size": shapes.VOCAB_SIZE,
-        "hidden_size": m.hidden,
-        "intermediate_size": m.inter,
-        "num_hidden_layers": m.layers,
-        "num_attention_heads": m.heads,
-        "num_key_value_heads": m.kv_heads,
-        "rms_norm_eps": shapes.RMS_NORM_EPS,
-        "rope_theta": shapes.ROPE_THETA,
-        "rope_scaling": {"type": "linear", "factor": shapes.ROPE_LINEAR_FACTOR},
-        "max_position_embeddings": shapes.MAX_POSITIONS,
-    }
-
-
-def events_ms(fn: Callable[[], object], reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
 def run_shape(m: shapes.Model, reps: int, copy_bw: float, quant: str | None) -> None:
-    raw = raw_config(m)
+    raw = hf_config(m.name.lower())  # the bench's config.json of the shape
     cfg = ModelConfig.from_dict(raw)
     dev = torch.device("cuda")
     cache = KVCache(cfg, 1, 8192 + 64, dev, torch.bfloat16, pad=max(BUCKETS))
@@ -122,7 +93,7 @@ def run_shape(m: shapes.Model, reps: int, copy_bw: float, quant: str | None) -> 
         samples: dict[str, list[float]] = {k: [] for k in runners}
         for _ in range(ROUNDS):
             for k, r in runners.items():
-                samples[k].append(events_ms(lambda r=r: step(r).argmax(-1), reps))
+                samples[k].append(median_ms(lambda r=r: step(r).argmax(-1), reps))
         ms = {k: statistics.median(v) for k, v in samples.items()}
         print(
             f"{name:17s} "
@@ -142,9 +113,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--quant", choices=["awq"], default=None)
     args = ap.parse_args()
-    a = torch.empty(2**28, device="cuda")
-    b = torch.empty_like(a).normal_()
-    copy_bw = 2 * a.numel() * 4 / (events_ms(lambda: a.copy_(b), 10) * 1e-3)
+    copy_bw, _ = measure_floors(torch.device("cuda"))
     for name in args.shapes.split(","):
         run_shape(shapes.by_name(name), args.reps, copy_bw, args.quant)
 
