@@ -8,7 +8,9 @@ Steps of at most 16 tokens (keystrokes, decode, small prefills) may run on the s
 skinny_gemm.py) instead of cuBLAS, as `fused_layer` (residual adds, norms, SwiGLU, RoPE and the K/V store
 in its epilogues, kernels/skinny_parts.py: five launches a layer, six with GQA's split combine, not ten) and
 with programmatic dependent launch (kernels/pdl.py); `capture` times each candidate's graph per bucket and
-keeps the fastest ("auto": the winner depends on shape, bucket and GPU, docs/kernels.md §4).
+keeps the fastest ("auto": the winner depends on shape, bucket and GPU, docs/kernels.md §4). On INT4 AWQ
+weights those steps run the tensor-core kernel (kernels/awq_mma.py), whose split-K sums the next kernel
+(RoPE, a norm, the SwiGLU) takes as it reads them (kernels/split_sums.py).
 
 Small steps (a keystroke, a decode step) are captured as CUDA graphs per (slot, bucket): the step's
 tokens are padded to the bucket, the start position and the index of the last real token live in device
@@ -30,7 +32,7 @@ from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.step_graphs import AHEAD, StepGraph, part_bounds, part_count
 from lsp_dscoder.kernels.awq_dequant import awq_dequant, fragment_dequant
 from lsp_dscoder.kernels.awq_gemm import AwqWorkspace, awq_skinny
-from lsp_dscoder.kernels.awq_mma import awq_mma, mma_supported
+from lsp_dscoder.kernels.awq_mma import awq_mma_sums, mma_supported
 from lsp_dscoder.kernels.decode_attention import decode_attention
 from lsp_dscoder.kernels.extend_attention import extend_attention
 from lsp_dscoder.kernels.pdl import pdl_supported
@@ -39,12 +41,14 @@ from lsp_dscoder.kernels.rope_store import rope_cos_sin, rope_store
 from lsp_dscoder.kernels.silu_mul import silu_mul
 from lsp_dscoder.kernels.skinny_gemm import MAX_M, SkinnyWorkspace, column_blocks, skinny_gemm
 from lsp_dscoder.kernels.skinny_parts import ResidualEpilogue, RmsScale, RopeEpilogue
+from lsp_dscoder.kernels.split_sums import SplitSums
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 ATTN_IN, MLP_IN = 0, 1  # FastRunner.sums rows: before the QKV projection, before gate/up
 GEMM_CHOICES = ("auto", "cublas", "skinny")
 # What the layers pass on: the last layer's output (None before the first) and the residual stream.
-State = tuple[torch.Tensor | None, torch.Tensor]
+Product = torch.Tensor | SplitSums  # a GEMM's output, or its sums for the next kernel to take
+State = tuple[Product | None, torch.Tensor]
 Progress = Callable[[str, int, int], None]
 Interrupted = Callable[[], bool]  # engine/generate.py's: asked between layers of an eager forward
 
@@ -87,8 +91,6 @@ class FastRunner:
         self.start = torch.zeros(1, dtype=torch.int32, device=dev)
         self.last = torch.zeros(1, dtype=torch.long, device=dev)
         self.graphs: dict[tuple[int, int], StepGraph] = {}
-        # Each graph in parts that a stale step can stop between (engine/step_graphs.py); None: by the
-        # bytes of the layer weights.
         layer_bytes = sum(t.nbytes for layer in model.w.layers for t in layer.streamed())
         self.parts = part_count(layer_bytes, cfg.num_layers) if parts is None else max(1, parts)
         self.part_done: list[torch.cuda.Event] = []  # one per part, made by capture
@@ -108,9 +110,8 @@ class FastRunner:
         c = cfg.hidden_size
         self.sum_blocks = (column_blocks(c, cfg.intermediate_size, dev), column_blocks(c, cfg.q_size, dev))
         self.sums = torch.zeros(2, max(self.sum_blocks) * MAX_M, dtype=torch.float32, device=dev)
-        # Decode attention's arrival counters (one per KV head): the last split merges the partials, one
-        # launch a layer fewer. Only without GQA by default: it merges one query head at a time (33B, 7 a KV
-        # head: 11.5 -> 22.2 us at 4K; one head gained 0.3-0.9 us; H200, docs/kernels.md).
+        # Decode attention's arrival counters (one per KV head): the last split merges the partials. Only
+        # without GQA by default: it merges one query head at a time (33B at 4K: 11.5 -> 22.2 us).
         if fused_combine is None:
             fused_combine = cfg.num_heads == cfg.num_kv_heads
         self.attn_counts = (
@@ -131,13 +132,15 @@ class FastRunner:
         largest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size) * cfg.hidden_size
         self.awq_dense = torch.empty(largest, dtype=model.w.embed.dtype, device=dev) if packed else None
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor, packed: AwqLinear | None = None) -> torch.Tensor:
-        """x @ w.T for a layer matrix: the skinny GEMM for at most MAX_M rows when chosen, else cuBLAS."""
+    def linear(self, x: torch.Tensor, w: torch.Tensor, packed: AwqLinear | None = None) -> Product:
+        """x @ w.T for a layer matrix: the skinny GEMM for at most MAX_M rows when chosen, else cuBLAS; on
+        packed weights, up to MAX_M rows as split-K sums for the next kernel (kernels/split_sums.py)."""
         if packed is not None:  # INT4 AWQ: the dense `w` is a meta tensor
             p = (packed.qweight, packed.qzeros, packed.scales)
             fragments = packed.layout is PackedLayout.FRAGMENTS
             if x.shape[0] <= MAX_M and fragments:
-                return awq_mma(x, *p, workspace=self.awq_workspace, pdl=self.pdl)
+                assert self.awq_workspace is not None  # allocated with the packed layers
+                return awq_mma_sums(x, *p, workspace=self.awq_workspace, pdl=self.pdl)
             if x.shape[0] <= MAX_M:
                 return awq_skinny(x, *p, workspace=self.awq_workspace, pdl=self.pdl)
             assert self.awq_dense is not None  # allocated with the packed layers
@@ -150,18 +153,15 @@ class FastRunner:
 
     def norm_linear(
         self,
-        x: torch.Tensor,
+        x: Product,
         residual: torch.Tensor,
         norm_w: torch.Tensor,
         w: torch.Tensor,
         packed: AwqLinear | None,
-        glu: bool = False,
-    ) -> torch.Tensor:
-        """linear(rmsnorm(residual + x)), the residual updated in place; with glu, w is [gate | up] and the
-        result silu(gate) * up."""
+    ) -> Product:
+        """linear(rmsnorm(residual + x)), the residual updated in place."""
         x = rms_norm(x, norm_w, self.cfg.rms_norm_eps, residual=residual, pdl=self.pdl)
-        y = self.linear(x, w, packed)
-        return silu_mul(y, pdl=self.pdl) if glu else y
+        return self.linear(x, w, packed)
 
     # -- the forward pass ------------------------------------------------------------------------------
     def forward(
@@ -196,9 +196,11 @@ class FastRunner:
         seq_len = start + 1  # decode: the current token included
         for n in layers:
             if interrupted is not None and interrupted():
+                self._stopped()
                 return None
             layer = w.layers[n]
             if self.residual_now and layer.quant is None and t <= MAX_M:
+                assert not isinstance(x, SplitSums)  # only packed layers leave sums
                 x, residual = self.fused_layer(n, x, residual, start, seq_len, slot)
                 continue
             aq = layer.quant  # packed AWQ matrices, or None
@@ -214,7 +216,7 @@ class FastRunner:
             attn = self.attend(q, start, seq_len, n, slot)  # (T, H * D)
             o = self.linear(attn, layer.wo, o_p)  # (T, C)
             post = layer.post_norm  # residual += attn out, the norm, gate/up, SwiGLU: (T, I)
-            act = self.norm_linear(o, residual, post, layer.w_gate_up, gate_up_p, glu=True)
+            act = silu_mul(self.norm_linear(o, residual, post, layer.w_gate_up, gate_up_p), pdl=pdl)
             x = self.linear(act, layer.w_down, down_p)  # (T, C)
         return x, residual
 
@@ -308,8 +310,14 @@ class FastRunner:
         self.last.fill_(t - 1)
         self.counts["graph_replays"] += 1
         if not step.replay(self.part_done, self.stream, interrupted, self.ahead):
+            self._stopped()
             return None
         return step.logits.clone()  # the graph's output buffer is rewritten by the next replay
+
+    def _stopped(self) -> None:
+        """A step stopped part-way may leave a GEMM's split-K sums untaken: zero them for the next one."""
+        if self.awq_workspace is not None:
+            self.awq_workspace.accum.zero_()
 
     # -- warm-up: compile every kernel variant, capture the graphs -----------------------------------
     def capture(self, progress: Progress | None = None) -> None:
@@ -380,7 +388,7 @@ class FastRunner:
                 if i == len(bounds) - 1:
                     logits = self.head(state, self.last)
             parts.append(graph)
-            held.extend(t for t in state if t is not None)
+            held.extend(t for t in state if isinstance(t, torch.Tensor))
         assert logits is not None
         return StepGraph(tuple(parts), logits, tuple(held))
 

@@ -15,6 +15,10 @@ lane t's B fragments are 4 LW consecutive x values (vector loads). X = sum_k x, 
 more MMA with A = 1.
 
 The layout is kernels/awq_fragments.py's (made at load: engine/awq.py's AwqLinear.to_fragments).
+
+Split-K: the shares add into an fp32 accumulator. `awq_mma` finishes it in the kernel (the last share to
+arrive reads the totals back); `awq_mma_sums` leaves them for the next kernel to take (kernels/split_sums.py),
+which saves that tail's 1.2-2.1 µs a launch on the H200.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from .awq_gemm import check_awq
 from .awq_gemv import AwqWorkspace
 from .contract import check_out, interpreting
 from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
+from .split_sums import SplitSums
 
 MMA_MAX_M = 8  # one MMA's B columns
 
@@ -135,6 +140,7 @@ def _mma_kernel(
     DEPTH: tl.constexpr,
     MB: tl.constexpr,  # blocks of 8 x rows: 1, or 2 for 9..16 rows (each weight streamed once)
     PDL: tl.constexpr,
+    SUMS: tl.constexpr,  # only add into acc (any SPLIT_K): the next kernel takes the totals
 ):
     L: tl.constexpr = 32 * NW  # lanes of the program; warp w takes column tile pid_n * NW + w
     LPG: tl.constexpr = GROUP // (16 * LW)  # loads a group
@@ -256,32 +262,33 @@ def _mma_kernel(
             a7 += s1 * (16.0 * e3 - (16.0 + z1) * u3)
     pdl_release(PDL)  # the weight stream is done: the next kernel may launch
     m0 = 2 * t  # D fragment columns: x rows 2t, 2t + 1
-    _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, nt_ok, M, N, SPLIT_K, 0)
+    ADD: tl.constexpr = SUMS or SPLIT_K > 1  # atomic adds into acc, not stores into out
+    _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, nt_ok, M, N, ADD, 0)
     if MB == 2:
-        _finish(a4, a5, a6, a7, out_ptr, acc_ptr, m0 + 8, n0, nt_ok, M, N, SPLIT_K, 0)
-    if SPLIT_K > 1:
+        _finish(a4, a5, a6, a7, out_ptr, acc_ptr, m0 + 8, n0, nt_ok, M, N, ADD, 0)
+    if SPLIT_K > 1 and not SUMS:
         tl.debug_barrier()  # every thread's adds are issued before the one release below
         arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT_K - 1:
-            _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, nt_ok, M, N, SPLIT_K, 1)
+            _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, nt_ok, M, N, ADD, 1)
             if MB == 2:
-                _finish(a4, a5, a6, a7, out_ptr, acc_ptr, m0 + 8, n0, nt_ok, M, N, SPLIT_K, 1)
+                _finish(a4, a5, a6, a7, out_ptr, acc_ptr, m0 + 8, n0, nt_ok, M, N, ADD, 1)
             tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
-def _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, ok, M, N, SPLIT_K: tl.constexpr, PHASE: tl.constexpr):
+def _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, ok, M, N, ADD: tl.constexpr, PHASE: tl.constexpr):
     """The lane's four results (x rows m0, m0 + 1; columns n0, n0 + 8) through _store."""
-    _store(a0, out_ptr, acc_ptr, m0 * N + n0, ok & (m0 < M), SPLIT_K, PHASE)
-    _store(a1, out_ptr, acc_ptr, (m0 + 1) * N + n0, ok & (m0 + 1 < M), SPLIT_K, PHASE)
-    _store(a2, out_ptr, acc_ptr, m0 * N + n0 + 8, ok & (m0 < M), SPLIT_K, PHASE)
-    _store(a3, out_ptr, acc_ptr, (m0 + 1) * N + n0 + 8, ok & (m0 + 1 < M), SPLIT_K, PHASE)
+    _store(a0, out_ptr, acc_ptr, m0 * N + n0, ok & (m0 < M), ADD, PHASE)
+    _store(a1, out_ptr, acc_ptr, (m0 + 1) * N + n0, ok & (m0 + 1 < M), ADD, PHASE)
+    _store(a2, out_ptr, acc_ptr, m0 * N + n0 + 8, ok & (m0 < M), ADD, PHASE)
+    _store(a3, out_ptr, acc_ptr, (m0 + 1) * N + n0 + 8, ok & (m0 + 1 < M), ADD, PHASE)
 
 
 @triton.jit
-def _store(a, out_ptr, acc_ptr, off, ok, SPLIT_K: tl.constexpr, PHASE: tl.constexpr):
+def _store(a, out_ptr, acc_ptr, off, ok, ADD: tl.constexpr, PHASE: tl.constexpr):
     """Phase 0: y, or the share's atomic add. Phase 1 (the last share): read the sum out, zero it."""
-    if SPLIT_K == 1:
+    if not ADD:
         tl.store(out_ptr + off, a.to(out_ptr.dtype.element_ty), mask=ok)
     elif PHASE == 0:
         tl.atomic_add(acc_ptr + off, a, mask=ok, sem="relaxed", scope="gpu")
@@ -301,8 +308,10 @@ def launch_mma(
     tiles: MmaTiles,
     workspace: AwqWorkspace | None,
     pdl: bool,
+    sums: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One launch on the fragment layout; x bf16 (M <= 8, K), shapes checked by the caller."""
+    """One launch on the fragment layout; x bf16 (M <= 16, K), shapes checked by the caller. With `sums`
+    (fp32 (M, N), zero) the shares only add into it and `out` is not written."""
     m, k = x.shape
     n = scales.shape[1]
     if x.dtype != torch.bfloat16 or not 1 <= m <= 2 * MMA_MAX_M:
@@ -318,7 +327,9 @@ def launch_mma(
         raise ValueError(f"num_warps {tiles.num_warps} must divide the {n // 16} column tiles")
     blocks = n // 16 // tiles.num_warps
     acc, counts = out, out
-    if split > 1:
+    if sums is not None:
+        acc = sums
+    elif split > 1:
         workspace = workspace or AwqWorkspace.allocate(n, x.device)
         if workspace.accum.numel() < m * n or workspace.counts.numel() < blocks:
             raise ValueError(f"workspace too small for M {m}, N {n}")
@@ -326,7 +337,7 @@ def launch_mma(
     _mma_kernel[(blocks, split)](
         x.view(torch.int32), packed, qzeros, scales, out, acc, counts, m, per_split, N=n, K=k, GROUP=group,
         LW=load_words(group), NW=tiles.num_warps, SPLIT_K=split, DEPTH=tiles.depth,
-        MB=triton.cdiv(m, MMA_MAX_M), PDL=pdl,
+        MB=triton.cdiv(m, MMA_MAX_M), PDL=pdl, SUMS=sums is not None,
         num_warps=tiles.num_warps, num_stages=1,
         **launch_options(pdl),
     )  # fmt: skip
@@ -355,16 +366,51 @@ def awq_mma(
     """x (M, K) bf16, M <= 16, times the AWQ matrix in the fragment layout (fragments: fragment_pack's
     words viewed as (K, N / 8)): (M, N) bf16. Rows 9..16 run in the same launch (two MMAs a block, each
     weight read once) unless `tiles.one_pass` is off (then a second launch: one MMA holds 8 rows)."""
+    m, n = x.shape[0], scales.shape[1]
+    out = check_out(out, (m, n), x.dtype, x.device)
+    _launch_rows(x, fragments, qzeros, scales, out, tiles, workspace, pdl, sums=False)
+    return out
+
+
+def awq_mma_sums(
+    x: torch.Tensor,
+    fragments: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    workspace: AwqWorkspace,
+    tiles: MmaTiles | None = None,
+    pdl: bool = False,
+) -> SplitSums:
+    """awq_mma's product left as the shares' totals in `workspace.accum` (zero before, as every reader of
+    SplitSums leaves it): the next kernel takes them, so no share waits to finish the sum."""
+    m, n = x.shape[0], scales.shape[1]
+    if workspace.accum.numel() < m * n:
+        raise ValueError(f"workspace too small for M {m}, N {n}")
+    totals = workspace.accum[: m * n].view(m, n)
+    _launch_rows(x, fragments, qzeros, scales, totals, tiles, None, pdl, sums=True)
+    return SplitSums(totals, x.dtype)
+
+
+def _launch_rows(
+    x: torch.Tensor,
+    fragments: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    out: torch.Tensor,
+    tiles: MmaTiles | None,
+    workspace: AwqWorkspace | None,
+    pdl: bool,
+    sums: bool,
+) -> None:
+    """Check the arguments, then one launch per `step` rows into `out` (the totals themselves when sums)."""
     group = check_awq(x, fragments, qzeros, scales)
     m, k = x.shape
-    n = scales.shape[1]
     if not 1 <= m <= 2 * MMA_MAX_M:
         raise ValueError(f"x must have 1..{2 * MMA_MAX_M} rows, got {m}")
     check_pdl(pdl, x.device)
-    out = check_out(out, (m, n), x.dtype, x.device)
-    tiles = tiles or mma_tiles(n, k, group, x.device)
+    tiles = tiles or mma_tiles(scales.shape[1], k, group, x.device)
     step = 2 * MMA_MAX_M if tiles.one_pass else MMA_MAX_M
     for r in range(0, m, step):
-        rows = slice(r, min(m, r + step))
-        launch_mma(x[rows], fragments, qzeros, scales, group, out[rows], tiles, workspace, pdl)
-    return out
+        part = out[r : r + step]
+        add_into = part if sums else None
+        launch_mma(x[r : r + step], fragments, qzeros, scales, group, part, tiles, workspace, pdl, add_into)

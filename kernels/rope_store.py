@@ -3,7 +3,8 @@ slot's KV cache in the same pass (instead of a rope pass plus two copies).
 
 Convention: Hugging Face Llama's rotate_half (the two halves of a head pair up, not interleaved lanes):
 out[:D/2] = x1 cos - x2 sin, out[D/2:] = x2 cos + x1 sin. The start position is read on the device so a
-CUDA graph captured once replays at any position.
+CUDA graph captured once replays at any position. qkv may be the GEMM's split-K sums (kernels/split_sums.py),
+taken as they are read.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import triton.language as tl
 from .contract import FLOAT_DTYPES, check_head_dim, check_out, check_position, check_tensor
 from .pdl import check_pdl, launch_options, pdl_enter
 from .reference import rope_cos_sin as rope_cos_sin  # the one table; re-exported for the launchers' callers
+from .split_sums import SplitSums, sums_or_tensor, take
 
 # Tokens per program: a (16, D/2) tile per half-head, a few KB in flight.
 _MAX_BLOCK_T = 16
@@ -22,7 +24,7 @@ _MAX_BLOCK_T = 16
 
 @triton.jit
 def _rope_store_kernel(
-    qkv_ptr,  # (T, (H + 2 KVH) * D): q heads, then k heads, then v heads
+    qkv_ptr,  # (T, (H + 2 KVH) * D): q heads, then k heads, then v heads; fp32 totals to take when SUMS
     cos_sin_ptr,  # (max_ctx, D) fp32: cos in [0, D/2), sin in [D/2, D)
     start_ptr,  # (1,) position of token 0
     q_ptr,  # (T, H, D) out
@@ -35,6 +37,7 @@ def _rope_store_kernel(
     D: tl.constexpr,
     BLOCK_T: tl.constexpr,
     PDL: tl.constexpr,
+    SUMS: tl.constexpr,
 ):
     pdl_enter(PDL)
     head = tl.program_id(1)  # over the H + 2 KVH heads of the qkv row
@@ -44,9 +47,13 @@ def _rope_store_kernel(
     # Positions past the cache are dropped: the host cannot see start, and a write there would land in
     # another head's (or slot's) rows.
     ok = ((t < T) & (pos < max_ctx))[:, None]
-    src = qkv_ptr + t.to(tl.int64)[:, None] * ((H + 2 * KVH) * D) + head * D + half[None, :]
-    x1 = tl.load(src, mask=ok, other=0.0).to(tl.float32)  # (BLOCK_T, D/2)
-    x2 = tl.load(src + D // 2, mask=ok, other=0.0).to(tl.float32)
+    src = t.to(tl.int64)[:, None] * ((H + 2 * KVH) * D) + head * D + half[None, :]
+    # Sums are taken for every row, stored or not: the accumulator must be left zero.
+    row_ok = ok
+    if SUMS:
+        row_ok = (t < T)[:, None]
+    x1 = take(qkv_ptr, src, row_ok, SUMS, q_ptr.dtype.element_ty)  # (BLOCK_T, D/2)
+    x2 = take(qkv_ptr, src + D // 2, row_ok, SUMS, q_ptr.dtype.element_ty)
     rotate_store(x1, x2, head, half, t, pos, ok, q_ptr, k_ptr, v_ptr, cos_sin_ptr, max_ctx, H, KVH, D)
 
 
@@ -76,7 +83,7 @@ def rotate_store(x1, x2, head, j, t, pos, ok, q_ptr, k_ptr, v_ptr, cos_sin_ptr, 
 
 
 def rope_store(
-    qkv: torch.Tensor,
+    qkv: torch.Tensor | SplitSums,
     cos_sin_cache: torch.Tensor,
     positions_start: torch.Tensor,
     k_cache: torch.Tensor,
@@ -90,33 +97,34 @@ def rope_store(
     to k_cache/v_cache (KVH, max_ctx, D) at those positions; return rotated q (T, H, D) in qkv.dtype.
 
     cos_sin_cache: (>= max_ctx, D) fp32 from rope_cos_sin. positions_start: 1-element int32/int64 device
-    tensor; the caller keeps start + T <= max_ctx (rows past the cache are not written)."""
-    check_tensor("qkv", qkv, ndim=2, dtypes=FLOAT_DTYPES)
-    n_tok = qkv.shape[0]
+    tensor; the caller keeps start + T <= max_ctx (rows past the cache are not written). Split-K sums
+    are taken (left zero)."""
+    src, dtype = sums_or_tensor("qkv", qkv, 2, FLOAT_DTYPES)
+    n_tok = src.shape[0]
     if num_heads < 1 or num_kv_heads < 1:
         raise ValueError(f"num_heads and num_kv_heads must be >= 1, got {num_heads}, {num_kv_heads}")
     n_rows = num_heads + 2 * num_kv_heads
-    if qkv.shape[1] % n_rows:
-        raise ValueError(f"qkv width {qkv.shape[1]} is not (num_heads + 2 * num_kv_heads) * head_dim")
-    head_dim = qkv.shape[1] // n_rows
+    if src.shape[1] % n_rows:
+        raise ValueError(f"qkv width {src.shape[1]} is not (num_heads + 2 * num_kv_heads) * head_dim")
+    head_dim = src.shape[1] // n_rows
     check_head_dim(head_dim)
-    check_tensor("k_cache", k_cache, ndim=3, dtypes=(qkv.dtype,), device=qkv.device)
+    check_tensor("k_cache", k_cache, ndim=3, dtypes=(dtype,), device=src.device)
     max_ctx = k_cache.shape[1]
     if k_cache.shape != (num_kv_heads, max_ctx, head_dim):
         raise ValueError(f"k_cache must be ({num_kv_heads}, max_ctx, {head_dim}), got {tuple(k_cache.shape)}")
-    check_tensor("v_cache", v_cache, shape=tuple(k_cache.shape), dtypes=(qkv.dtype,), device=qkv.device)
-    check_tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=(torch.float32,), device=qkv.device)
+    check_tensor("v_cache", v_cache, shape=tuple(k_cache.shape), dtypes=(dtype,), device=src.device)
+    check_tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=(torch.float32,), device=src.device)
     if cos_sin_cache.shape[0] < max_ctx or cos_sin_cache.shape[1] != head_dim:
         got = tuple(cos_sin_cache.shape)
         raise ValueError(f"cos_sin_cache must be (>= {max_ctx}, {head_dim}), got {got}")
-    check_position("positions_start", positions_start, qkv.device)
-    out = check_out(out, (n_tok, num_heads, head_dim), qkv.dtype, qkv.device)
-    check_pdl(pdl, qkv.device)
+    check_position("positions_start", positions_start, src.device)
+    out = check_out(out, (n_tok, num_heads, head_dim), dtype, src.device)
+    check_pdl(pdl, src.device)
     if n_tok == 0:
         return out
     block_t = min(_MAX_BLOCK_T, triton.next_power_of_2(n_tok))
     _rope_store_kernel[(triton.cdiv(n_tok, block_t), n_rows)](
-        qkv,
+        src,
         cos_sin_cache,
         positions_start,
         out,
@@ -130,6 +138,7 @@ def rope_store(
         BLOCK_T=block_t,
         num_warps=4,
         PDL=pdl,
+        SUMS=isinstance(qkv, SplitSums),
         **launch_options(pdl),
     )
     return out

@@ -85,7 +85,7 @@ _case(
     "awq_mma",
     "_mma_kernel",
     _MMA_TYPES,
-    dict(N=4096, K=4096, GROUP=128, LW=4, NW=1, SPLIT_K=4, DEPTH=1, MB=1, PDL=True),
+    dict(N=4096, K=4096, GROUP=128, LW=4, NW=1, SPLIT_K=4, DEPTH=1, MB=1, PDL=True, SUMS=False),
     warps=1,
 )
 _NORM_TYPES = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "C": "i32"}
@@ -94,7 +94,23 @@ _case(
     "rms_norm",
     "_rms_norm_kernel",
     _NORM_TYPES | {"eps": "fp32"},
-    dict(HAS_RESIDUAL=True, BLOCK_C=2048, PDL=True),
+    dict(HAS_RESIDUAL=True, BLOCK_C=2048, PDL=True, SUMS=False),
+)
+# Split-K sums (kernels/split_sums.py): the GEMM only adds, the norm takes fp32 totals and zeroes them.
+_case(
+    "awq mma sums",
+    "awq_mma",
+    "_mma_kernel",
+    _MMA_TYPES | {"out_ptr": "*fp32"},
+    dict(N=4096, K=4096, GROUP=128, LW=4, NW=1, SPLIT_K=4, DEPTH=1, MB=1, PDL=True, SUMS=True),
+    warps=1,
+)
+_case(
+    "rms norm sums",
+    "rms_norm",
+    "_rms_norm_kernel",
+    _NORM_TYPES | {"x_ptr": "*fp32", "eps": "fp32"},
+    dict(HAS_RESIDUAL=True, BLOCK_C=2048, PDL=True, SUMS=True),
 )
 
 

@@ -20,6 +20,7 @@ import pytest
 WAIT, RELEASE = r"griddepcontrol\.wait", r"griddepcontrol\.launch_dependents"
 LOAD = r"(@%p\d+ )?(ld\.global|cp\.async\.(ca|cg))"
 MMA = r"mma\.sync"
+STORE = r"(@%p\d+ )?st\.global"
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +80,22 @@ def test_decode_attention_releases_after_its_kv_loop(ptx: dict) -> None:
     assert last(lines, MMA) < first(lines, RELEASE)
 
 
-def test_awq_mma_releases_after_its_weight_stream(ptx: dict) -> None:
-    lines = ptx["awq mma"]
+@pytest.mark.parametrize("case", ["awq mma", "awq mma sums"])
+def test_awq_mma_releases_after_its_weight_stream(ptx: dict, case: str) -> None:
+    lines = ptx[case]
     # Weights are written by no kernel, so the first weight load may go out before the wait; x may not.
     assert first(lines, WAIT) < last(lines, LOAD)
     assert last(lines, MMA) < first(lines, RELEASE)
 
 
-def test_small_kernels_release_at_entry(ptx: dict) -> None:
-    lines = ptx["rms norm"]
+@pytest.mark.parametrize("case", ["rms norm", "rms norm sums"])
+def test_small_kernels_release_at_entry(ptx: dict, case: str) -> None:
+    lines = ptx[case]
     assert first(lines, RELEASE) < first(lines, WAIT) < first(lines, LOAD)
+
+
+def test_sums_are_zeroed_after_a_barrier(ptx: dict) -> None:
+    # Every thread holds its totals before any thread zeroes them (kernels/split_sums.py's take).
+    lines = ptx["rms norm sums"]
+    assert first(lines, LOAD) < first(lines, r"bar\.sync") < first(lines, STORE)
+    assert count(ptx["awq mma sums"], STORE) == 0  # the GEMM only adds
