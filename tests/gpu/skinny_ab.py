@@ -3,7 +3,7 @@ launch, with the fused layer (residual adds, norms, SwiGLU and RoPE in its epilo
 picks), in one process on the same random weights (DeepSeek-Coder shapes, bf16): step times and logits,
 run by hand on a CUDA machine.
 
-    python -m tests.gpu.skinny_ab [--shapes 1.3B,6.7B] [--reps 20] [--quant awq]
+    python -m tests.gpu.skinny_ab [--shapes 1.3B,6.7B] [--reps 20] [--quant awq] [--save LOGITS.pt]
 
 Each step is one CUDA graph replay plus the argmax, timed with device events (median). All runners share
 one KV slot, filled once by a 4K prefill; the logits of each step are compared with the reference path
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from pathlib import Path
 
 import torch
 
@@ -49,7 +50,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-def run_shape(m: shapes.Model, reps: int, copy_bw: float, quant: str | None) -> None:
+def run_shape(m: shapes.Model, reps: int, copy_bw: float, quant: str | None) -> dict[str, torch.Tensor]:
     raw = hf_config(m.name.lower())  # the bench's config.json of the shape
     cfg = ModelConfig.from_dict(raw)
     dev = torch.device("cuda")
@@ -79,6 +80,7 @@ def run_shape(m: shapes.Model, reps: int, copy_bw: float, quant: str | None) -> 
         f"{'step (GPU ms)':17s} " + " ".join(f"{n:>9s}" for n in names) + f" {'auto/floor':>10s}"
         "  rel L2 to reference: " + " ".join(f"{n:>9s}" for n in names)
     )
+    kept: dict[str, torch.Tensor] = {}
     for name, new in STEPS.items():
         new_ids = ids[PREFIX : PREFIX + new]
 
@@ -88,6 +90,7 @@ def run_shape(m: shapes.Model, reps: int, copy_bw: float, quant: str | None) -> 
             return r.prefill(new_ids, PREFIX, 0)
 
         logits = {k: step(r) for k, r in runners.items()}
+        kept |= {f"{m.name} {name} {k}": v.cpu() for k, v in logits.items()}
         ref = logits["skinny"] if quant else model.forward_reference(new_ids, PREFIX, cache, 0)
         same = " ".join(f"{n}:{bool((logits[n].argmax(-1) == ref.argmax(-1)).all())}" for n in names)
         samples: dict[str, list[float]] = {k: [] for k in runners}
@@ -105,6 +108,7 @@ def run_shape(m: shapes.Model, reps: int, copy_bw: float, quant: str | None) -> 
         print(f"  same argmax as {'the plain variant' if quant else 'the reference'}: {same}")
     del runners, model, cache
     torch.cuda.empty_cache()
+    return kept
 
 
 def main() -> None:
@@ -112,10 +116,14 @@ def main() -> None:
     ap.add_argument("--shapes", default="1.3B,6.7B")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--quant", choices=["awq"], default=None)
+    ap.add_argument("--save", type=Path, default=None, help="every step and variant's logits (torch.save)")
     args = ap.parse_args()
     copy_bw, _ = measure_floors(torch.device("cuda"))
+    kept: dict[str, torch.Tensor] = {}
     for name in args.shapes.split(","):
-        run_shape(shapes.by_name(name), args.reps, copy_bw, args.quant)
+        kept |= run_shape(shapes.by_name(name), args.reps, copy_bw, args.quant)
+    if args.save:
+        torch.save(kept, args.save)
 
 
 if __name__ == "__main__":
