@@ -151,18 +151,6 @@ class FastRunner:
             return skinny_gemm(x, w, workspace=self.workspace, pdl=self.pdl)
         return x @ w.T
 
-    def norm_linear(
-        self,
-        x: Product,
-        residual: torch.Tensor,
-        norm_w: torch.Tensor,
-        w: torch.Tensor,
-        packed: AwqLinear | None,
-    ) -> Product:
-        """linear(rmsnorm(residual + x)), the residual updated in place."""
-        x = rms_norm(x, norm_w, self.cfg.rms_norm_eps, residual=residual, pdl=self.pdl)
-        return self.linear(x, w, packed)
-
     # -- the forward pass ------------------------------------------------------------------------------
     def forward(
         self,
@@ -190,7 +178,7 @@ class FastRunner:
     ) -> State | None:
         """The layers `layers` of the forward, from `state` (the last layer's output, None before the first
         layer, and the residual stream); None when `interrupted` says stop."""
-        cfg, w, pdl = self.cfg, self.model.w, self.pdl
+        cfg, w, pdl, eps = self.cfg, self.model.w, self.pdl, self.cfg.rms_norm_eps
         x, residual = state
         t = residual.shape[0]
         seq_len = start + 1  # decode: the current token included
@@ -205,18 +193,18 @@ class FastRunner:
                 continue
             aq = layer.quant  # packed AWQ matrices, or None
             qkv_p, o_p, gate_up_p, down_p = (aq.wqkv, aq.wo, aq.w_gate_up, aq.w_down) if aq else (None,) * 4
-            if x is None:
-                x = rms_norm(residual, layer.input_norm, cfg.rms_norm_eps, pdl=pdl)
+            if x is None:  # the embedding rows
+                x = rms_norm(residual, layer.input_norm, eps, pdl=pdl)
                 residual = residual.clone()
-                qkv = self.linear(x, layer.wqkv, qkv_p)  # (T, (H + 2*KVH) * D)
-            else:  # residual += mlp out, then the norm and the QKV projection
-                qkv = self.norm_linear(x, residual, layer.input_norm, layer.wqkv, qkv_p)
+            else:  # residual += the MLP's output, then the norm
+                x = rms_norm(x, layer.input_norm, eps, residual=residual, pdl=pdl)
+            qkv = self.linear(x, layer.wqkv, qkv_p)  # (T, (H + 2*KVH) * D)
             kv = self.cache.k(n, slot), self.cache.v(n, slot)  # (KVH, capacity, D) each
             q = rope_store(qkv, self.cos_sin, start, *kv, cfg.num_heads, cfg.num_kv_heads, pdl=pdl)
             attn = self.attend(q, start, seq_len, n, slot)  # (T, H * D)
             o = self.linear(attn, layer.wo, o_p)  # (T, C)
-            post = layer.post_norm  # residual += attn out, the norm, gate/up, SwiGLU: (T, I)
-            act = silu_mul(self.norm_linear(o, residual, post, layer.w_gate_up, gate_up_p), pdl=pdl)
+            x = rms_norm(o, layer.post_norm, eps, residual=residual, pdl=pdl)  # residual += attention's out
+            act = silu_mul(self.linear(x, layer.w_gate_up, gate_up_p), pdl=pdl)  # (T, I)
             x = self.linear(act, layer.w_down, down_p)  # (T, C)
         return x, residual
 
@@ -368,11 +356,13 @@ class FastRunner:
         if bucket > MAX_M or self.gemm == "cublas":
             return ("cublas",)
         # Where an option is None, both ways are timed. PDL only with the skinny GEMM: a cuBLAS kernel
-        # between two Triton ones breaks the chain.
-        res = ("", "+res") if self.fused_residual is None else ("",)
+        # between two Triton ones breaks the chain. Packed layers run their own kernels and no fused
+        # layer whatever the choice: only PDL is theirs to time.
+        packed = self.awq_workspace is not None
+        res = ("", "+res") if self.fused_residual is None and not packed else ("",)
         pdl = ("", "+pdl") if self.pdl_candidate else ("",)
         skinny = tuple(f"skinny{r}{p}" for r in res for p in pdl)
-        return ("cublas", *skinny) if self.gemm == "auto" else skinny
+        return ("cublas", *skinny) if self.gemm == "auto" and not packed else skinny
 
     def _capture_one(self, bucket: int, slot: int) -> StepGraph:
         parts: list[torch.cuda.CUDAGraph] = []

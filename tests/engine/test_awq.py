@@ -212,6 +212,10 @@ def test_fast_path_on_packed_weights_matches_reference(quantized: dict[str, Path
     assert packed.layers[0].quant is not None and packed.layers[0].wqkv.is_meta
     cache = KVCache(cfg, 2, 64, CPU, torch.float32, pad=16)
     fast = FastRunner(Transformer(cfg, packed, cache.capacity), cache, graphs=False)
+    fast.pdl_candidate = True  # as on an sm_90 GPU
+    # Packed layers run their own kernels whatever the GEMM choice, and no fused layer: only PDL is timed.
+    assert fast._choices(4) == ("skinny", "skinny+pdl") and fast._choices(32) == ("cublas",)
+    fast.pdl_candidate = False
     ref = Transformer(cfg, load_weights(folder, cfg, CPU, torch.float32), cache.capacity)
     ids = torch.randint(0, cfg.vocab_size, (17,), generator=torch.Generator().manual_seed(4))
     # Same fp32 arithmetic in another order (see tests/engine/test_fast_path.py): ~1e-6 on logits ~3.
