@@ -16,6 +16,7 @@ from .shapes import Model
 from .silu_mul import silu_mul, silu_mul_ref
 from .skinny_gemm import MAX_M, SkinnyWorkspace, skinny_gemm
 from .skinny_parts import RmsScale
+from .split_sums import SplitSums
 
 Call = Callable[[], object]
 # make() -> (launch, verify): verify compares what the first launch wrote with the reference.
@@ -71,6 +72,39 @@ def rope_case(m: Model, n_tok: int, start: int, max_ctx: int, dev: torch.device)
             return max(rel_err(out, q_ref), rel_err(k, k0), rel_err(v, v0))
 
         return lambda: rope_store(qkv, cos_sin, pos, k, v, m.heads, m.kv_heads, out=out), verify
+
+    return make
+
+
+def sums_case(m: Model, op: str, n_tok: int, dev: torch.device) -> Make:
+    """A reader of split-K sums (kernels/split_sums.py) against the same reader on the totals rounded to
+    bf16: what it writes must be equal (rel. error 0), and the totals must be left zero (error 1 if not)."""
+    qkv = (m.heads + 2 * m.kv_heads) * m.head_dim
+
+    def make() -> tuple[Call, Callable[[], float]]:
+        totals = (
+            torch.randn(n_tok, {"rmsnorm": m.hidden, "silu": 2 * m.inter, "rope": qkv}[op], device=dev) * 3
+        )
+        rounded = totals.to(torch.bfloat16)
+        w, res, (k, v) = randn(m.hidden, dev=dev), randn(n_tok, m.hidden, dev=dev), kv_cache(m, 64, dev)
+        kept = [res.clone(), k.clone(), v.clone()]  # the reference reader's own residual and cache
+        cos_sin, pos = rope_cos_sin(64, m.head_dim, 100000.0, 4.0, dev), torch.tensor([n_tok], device=dev)
+
+        def read(x: torch.Tensor | SplitSums, state: list[torch.Tensor]) -> torch.Tensor:
+            if op == "rmsnorm":
+                return rms_norm(x, w, 1e-6, residual=state[0])
+            return (
+                silu_mul(x) if op == "silu" else rope_store(x, cos_sin, pos, *state[1:], m.heads, m.kv_heads)
+            )
+
+        got: list[torch.Tensor] = []
+
+        def verify() -> float:
+            want = read(rounded, kept)
+            same = [rel_err(a, b) for a, b in zip((got[0], res, k, v), (want, *kept), strict=True)]
+            return max(*same, 1.0 if torch.count_nonzero(totals) else 0.0)
+
+        return lambda: got.append(read(SplitSums(totals, torch.bfloat16), [res, k, v])), verify
 
     return make
 

@@ -41,6 +41,7 @@ from .check_cases import (
     rms_gemm_case,
     rope_case,
     silu_case,
+    sums_case,
 )
 from .shapes import MODELS, Model
 
@@ -202,6 +203,9 @@ def main() -> None:
         for t in tokens:
             run("rmsnorm", m, f"T={t}", rms_case(m, t, dev), 2 * t * m.hidden * 4 + 2 * m.hidden, 0.0)
             run("silu", m, f"T={t}", silu_case(m, t, dev), 2 * t * m.inter * 3, 0.0)
+            if t <= 16:  # what the INT4 GEMM of a small step leaves (kernels/split_sums.py)
+                for op, width in (("rmsnorm", m.hidden), ("silu", 2 * m.inter), ("rope", qkv_w)):
+                    run(op + "+", m, f"T={t} sums", sums_case(m, op, t, dev), t * width * 6, 0.0)
             start = min(prefixes[-1], max_ctx - t)
             run(
                 "rope",
