@@ -2,8 +2,10 @@
 per position within a layer against that kernel's own byte floor, and the gaps between kernels.
 
     python -m tests.gpu.step_profile [--shapes 1.3b,6.7b] [--ctx 4096] [--tokens 1] [--variants ...]
+                                     [--quant awq]
 
-Random weights of the DeepSeek-Coder shape (bf16), the fast path as `lsp-dscoder bench` builds it, one KV
+Random weights of the DeepSeek-Coder shape (bf16; with `--quant awq` the bench's INT4 weights, and the
+GEMMs' floors in packed bytes), the fast path as `lsp-dscoder bench` builds it, one KV
 slot filled by a `ctx`-token prefill, then the step's graph (bucket `tokens`, 1: decode) replayed: its
 time by CUDA events (median of 30), then 5 replays under the profiler. "gaps" = replay span - sum of
 kernel times: the time the GPU spends between kernels of the graph. Floors: bytes the kernel must move /
@@ -22,6 +24,8 @@ from typing import Any
 
 import torch
 
+from lsp_dscoder.bench import hf_config
+from lsp_dscoder.bench_awq import awq_weights
 from lsp_dscoder.bench_build import build_shape, release
 from lsp_dscoder.bench_engine import start_engine_measured
 from lsp_dscoder.engine.config import ModelConfig
@@ -43,20 +47,22 @@ def roles_of(window: list[dict[str, Any]]) -> list[str]:
     return roles
 
 
-def role_bytes(cfg: ModelConfig, ctx: int, splits: int) -> dict[str, float]:
-    """Bytes each kernel of a layer must move at T=1 (weights once, KV read, activations)."""
+def role_bytes(cfg: ModelConfig, ctx: int, splits: int, quant: str | None) -> dict[str, float]:
+    """Bytes each kernel of a layer must move at T=1 (weights once, KV read, activations); INT4 AWQ weights
+    (group 128): half a byte a weight plus a scale and a zero nibble a group."""
     c, i = cfg.hidden_size, cfg.intermediate_size
     qkv_n = cfg.q_size + 2 * cfg.kv_size
+    wb = (0.5 + 2.5 / 128) if quant else 2.0  # bytes a weight
     return {
         "norm": 2 * (4 * c + c),
-        "qkv": 2 * qkv_n * c,
+        "qkv": wb * qkv_n * c,
         "rope": 2 * 2 * qkv_n,
         "attn": 2 * 2 * cfg.kv_size * ctx + 4 * splits * cfg.q_size,
         "combine": 4 * splits * cfg.q_size + 2 * cfg.q_size,
-        "o": 2 * cfg.q_size * c,
-        "gate_up": 2 * 2 * i * c,
+        "o": wb * cfg.q_size * c,
+        "gate_up": wb * 2 * i * c,
         "silu": 2 * 3 * i,
-        "down": 2 * i * c,
+        "down": wb * i * c,
     }
 
 
@@ -90,14 +96,19 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def profile_shape(
-    shape: str, ctx: int, tokens: int, variants: list[str], out: Path | None
+    shape: str, ctx: int, tokens: int, variants: list[str], out: Path | None, quant: str | None = None
 ) -> list[dict[str, Any]]:
     copy_bps, _ = measure_floors(torch.device("cuda"))
-    built = build_shape(shape, with_hf=False)
+    if quant:  # the bench's seeded weights, quantized (lsp_dscoder/bench_awq.py)
+        raw = hf_config(shape)
+        cfg, weights = ModelConfig.from_dict(raw), awq_weights(raw, 128, torch.device("cuda"))
+    else:
+        built = build_shape(shape, with_hf=False)
+        cfg, weights = built.cfg, built.weights
     results: list[dict[str, Any]] = []
     first: torch.Tensor | None = None
     for name in variants:
-        r = profile_variant(built.cfg, built.weights, ctx, tokens, VARIANTS[name], copy_bps)
+        r = profile_variant(cfg, weights, ctx, tokens, VARIANTS[name], copy_bps, quant)
         logits = r.pop("logits")
         if first is None:
             first = logits
@@ -108,13 +119,19 @@ def profile_shape(
         if out:
             path = out / f"profile_{shape}_T{tokens}_{name.replace(' ', '_')}.json"
             path.write_text(json.dumps(results[-1], indent=1))
-    del built, first
+    del weights, first
     release()
     return results
 
 
 def profile_variant(
-    cfg: ModelConfig, weights: Any, ctx: int, tokens: int, options: dict[str, Any], copy_bps: float
+    cfg: ModelConfig,
+    weights: Any,
+    ctx: int,
+    tokens: int,
+    options: dict[str, Any],
+    copy_bps: float,
+    quant: str | None = None,
 ) -> dict[str, Any]:
     max_context = max(8192, ctx) + 64
     engine, memory = start_engine_measured(cfg, weights, max_context, buckets=(tokens,), **options)
@@ -170,7 +187,7 @@ def profile_variant(
         result["error"] = "the profiler saw no kernels"
         return result
     splits = choose_num_splits(cfg.num_kv_heads, engine.cache.capacity, 64, torch.device("cuda"), None)
-    result |= analyse(ks, reps, role_bytes(cfg, ctx, splits), copy_bps)
+    result |= analyse(ks, reps, role_bytes(cfg, ctx, splits, quant), copy_bps)
     del runner, engine
     release()
     return result
@@ -247,9 +264,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1, help="tokens of the step (1: decode)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--quant", choices=["awq"], default=None, help="INT4 AWQ layers (group 128)")
     args = ap.parse_args()
     for shape in args.shapes.split(","):
-        profile_shape(shape, args.ctx, args.tokens, args.variants.split(","), args.out)
+        profile_shape(shape, args.ctx, args.tokens, args.variants.split(","), args.out, args.quant)
 
 
 if __name__ == "__main__":
