@@ -2,7 +2,7 @@
 
 A split-K GEMM whose shares add into one fp32 accumulator must still turn that accumulator into its
 output: the last share to arrive learns it is last from an arrival counter (an acquire-release atomic)
-and reads the totals back. On the H200 that tail costs 1.2-2.1 µs a launch, a fifth of a 6.7B INT4
+and reads the totals back. On the H200 that tail costs 1.2-2.1 µs a launch, 10-33 % of a 1.3B or 6.7B INT4
 matrix's time at one token (docs/awq.md). The kernel after the GEMM reads the output anyway, so here it
 reads the accumulator instead: rounds each total to the output dtype (as the GEMM would have stored it)
 and stores a zero in its place, leaving the accumulator ready for the next GEMM. The GEMM is then only
@@ -10,7 +10,8 @@ its atomic adds.
 
 The contract: every total is taken exactly once, by one kernel, before the next GEMM adds into the same
 accumulator (stream order; under PDL the next GEMM adds only after its wait, when the reader has
-completed). `SplitSums.discard` zeroes totals that will not be taken (a forward stopped between layers).
+completed). Totals that will not be taken (a forward stopped between layers) are the owner's to zero: the
+fast path zeroes its accumulator then (engine/fast.py).
 """
 
 from __future__ import annotations
@@ -34,10 +35,6 @@ class SplitSums:
     @property
     def shape(self) -> torch.Size:
         return self.totals.shape
-
-    def discard(self) -> None:
-        """Leave the accumulator zero without reading it."""
-        self.totals.zero_()
 
 
 def sums_or_tensor(

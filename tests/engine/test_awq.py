@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from lsp_dscoder.__main__ import main
 from lsp_dscoder.bench_build import shared_state_dict
 from lsp_dscoder.engine import CompletionRequest, SamplingParams
+from lsp_dscoder.engine import fast as fast_module
 from lsp_dscoder.engine.awq import AwqConfig
 from lsp_dscoder.engine.config import EngineConfig, ModelConfig
 from lsp_dscoder.engine.engine import Engine
@@ -25,6 +26,8 @@ from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.weights import load_weights
 from lsp_dscoder.kernels.awq_format import dequantize, pack_int4, unpack_int4
+from lsp_dscoder.kernels.awq_gemm import AwqWorkspace, awq_gemm_ref
+from lsp_dscoder.kernels.split_sums import SplitSums
 from lsp_dscoder.quantize import QuantizeOptions, quantize_checkpoint
 from lsp_dscoder.quantize_search import ScaleChoice, search_scales
 from tests.tiny import cached_checkpoint
@@ -227,6 +230,37 @@ def test_fast_path_on_packed_weights_matches_reference(quantized: dict[str, Path
     keys = torch.tensor([3, 4, 5, 6, 7])  # a keystroke's few tokens: the tensor-core kernel
     want = ref.forward_reference(keys, 18, cache, 1)
     torch.testing.assert_close(fast.prefill(keys, 18, 0), want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_split_sums_through_the_layers(quantized: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path's plumbing of split-K sums (kernels/split_sums.py) on the CPU: the tensor-core kernel
+    that leaves them is inline PTX, so a stand-in adds the reference product into the accumulator as it
+    would. Every GEMM must find the accumulator zero, the logits must be the reference's, and a step
+    stopped between layers must leave it zero."""
+    folder = quantized["rtn"]
+    cfg = ModelConfig.from_file(folder / "config.json")
+    cache = KVCache(cfg, 2, 64, CPU, torch.float32, pad=16)
+    packed = load_weights(folder, cfg, CPU, torch.float32, packed=True)
+    fast = FastRunner(Transformer(cfg, packed, cache.capacity), cache, graphs=False)
+    ref = Transformer(cfg, load_weights(folder, cfg, CPU, torch.float32), cache.capacity)
+
+    def sums(x: torch.Tensor, *layer: torch.Tensor, workspace: AwqWorkspace, pdl: bool) -> SplitSums:
+        totals = workspace.accum[: x.shape[0] * layer[2].shape[1]].view(x.shape[0], -1)
+        assert torch.count_nonzero(totals) == 0, "a GEMM found sums nobody took"
+        return SplitSums(totals.add_(awq_gemm_ref(x, *layer).float()), x.dtype)
+
+    monkeypatch.setattr(fast_module, "awq_skinny", sums)
+    ids = torch.randint(0, cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(4))
+    prefix = torch.tensor([1, 2, 3])  # a 3-token prefill, then a 5-token step over it: both run the stand-in
+    torch.testing.assert_close(
+        fast.prefill(prefix, 0, 0), ref.forward_reference(prefix, 0, cache, 1), atol=1e-4, rtol=0
+    )
+    want = ref.forward_reference(ids, 3, cache, 1)
+    torch.testing.assert_close(fast.prefill(ids, 3, 0), want, atol=1e-4, rtol=0)
+    asked = iter([False, False, True])  # the step's own check, layer 0, then stop before layer 1
+    assert fast.prefill(ids, 8, 0, interrupted=lambda: next(asked)) is None
+    assert fast.awq_workspace is not None and torch.count_nonzero(fast.awq_workspace.accum) == 0
 
 
 def test_shapes_and_sharding_checked(quantized: dict[str, Path], tmp_path: Path) -> None:
