@@ -32,6 +32,7 @@ import triton.language as tl
 from .awq_fragments import load_words
 from .awq_gemm import check_awq
 from .awq_gemv import AwqWorkspace
+from .awq_mma_ops import BF16_ONES, block, block2, load_b, quad
 from .contract import check_out, interpreting
 from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 from .split_sums import SplitSums
@@ -49,75 +50,10 @@ class MmaTiles:
     one_pass: bool = False  # 9..16 rows in one launch (each weight read once), not two of 8
 
 
-_MMA = tl.constexpr(
-    "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-    "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};"
-)
-# Register i of the A fragment: nibbles i and i + 4 of the word as two bf16 1 + q/16 (low, high half).
-_PAIR = "{ .reg .b32 t; %s.b32 t, $1, %d; lop3.b32 $0, t, 0x00780078, 0x3F803F80, 0xea; }"
-UNIT0 = tl.constexpr(_PAIR % ("shl", 3))
-UNIT1 = tl.constexpr(_PAIR % ("shr", 1))
-UNIT2 = tl.constexpr(_PAIR % ("shr", 5))
-UNIT3 = tl.constexpr(_PAIR % ("shr", 9))
-BF16_ONES = tl.constexpr(0x3F803F80)  # two bf16 1.0: the A operand of the X = sum x MMA
-
-
 def mma_supported(device: torch.device, dtype: torch.dtype) -> bool:
     """bf16 MMAs (sm_80 or later), compiled: the interpreter runs no inline PTX."""
     cuda = device.type == "cuda" and not interpreting()
     return cuda and dtype == torch.bfloat16 and torch.cuda.get_device_capability(device)[0] >= 8
-
-
-@triton.jit
-def _unit(w, ASM: tl.constexpr):
-    return tl.inline_asm_elementwise(ASM, "=r,r", [w], dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _mma(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-    return tl.inline_asm_elementwise(
-        _MMA, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
-        dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=False, pack=1,
-    )  # fmt: skip
-
-
-@triton.jit
-def _block(w, b0, b1, ones, d0, d1, d2, d3, x0, x1, x2, x3):
-    """One 16 x 16 block: D += A B with A the word's unit values, X += 1 B."""
-    d0, d1, d2, d3 = _mma(_unit(w, UNIT0), _unit(w, UNIT1), _unit(w, UNIT2), _unit(w, UNIT3), b0, b1,
-                          d0, d1, d2, d3)  # fmt: skip
-    x0, x1, x2, x3 = _mma(ones, ones, ones, ones, b0, b1, x0, x1, x2, x3)
-    return d0, d1, d2, d3, x0, x1, x2, x3
-
-
-@triton.jit
-def _block2(w, b0, b1, c0, c1, ones, d0, d1, d2, d3, x0, x1, x2, x3, e0, e1, e2, e3, u0, u1, u2, u3):
-    """_block for x rows 0-7 (B = b) and 8-15 (B = c), the unit values made once."""
-    a0, a1, a2, a3 = _unit(w, UNIT0), _unit(w, UNIT1), _unit(w, UNIT2), _unit(w, UNIT3)
-    d0, d1, d2, d3 = _mma(a0, a1, a2, a3, b0, b1, d0, d1, d2, d3)
-    e0, e1, e2, e3 = _mma(a0, a1, a2, a3, c0, c1, e0, e1, e2, e3)
-    x0, x1, x2, x3 = _mma(ones, ones, ones, ones, b0, b1, x0, x1, x2, x3)
-    u0, u1, u2, u3 = _mma(ones, ones, ones, ones, c0, c1, u0, u1, u2, u3)
-    return d0, d1, d2, d3, x0, x1, x2, x3, e0, e1, e2, e3, u0, u1, u2, u3
-
-
-@triton.jit
-def _quad(t):
-    """(L, 4) -> four (L,) columns (in-thread: no data moves)."""
-    a, b = tl.split(tl.reshape(t, (t.shape[0], 2, 2)))  # columns (0, 2) and (1, 3)
-    t0, t2 = tl.split(a)
-    t1, t3 = tl.split(b)
-    return t0, t1, t2, t3
-
-
-@triton.jit
-def _load_b(x_ptr, kb, x_off, LW: tl.constexpr):
-    """The B words of load kb, (L, 4) each: blocks 0-1 and 2-3 (the second is the first again at LW 2)."""
-    xa = tl.load(x_ptr + kb * (8 * LW) + x_off)
-    xb = xa
-    if LW == 4:
-        xb = tl.load(x_ptr + kb * (8 * LW) + 4 + x_off)
-    return xa, xb
 
 
 @triton.jit
@@ -168,9 +104,9 @@ def _mma_kernel(
         w_next = tl.load(qp_ptr + kb0 * (32 * LW) + w_off)
     pdl_wait(PDL)  # x is the previous kernel's output
     if DEPTH == 1:
-        xa_next, xb_next = _load_b(x_ptr, kb0, x_off, LW)
+        xa_next, xb_next = load_b(x_ptr, kb0, x_off, LW)
         if MB == 2:
-            xc_next, xd_next = _load_b(x_ptr, kb0, x_off2, LW)
+            xc_next, xd_next = load_b(x_ptr, kb0, x_off2, LW)
     a0 = tl.zeros((L,), tl.float32)
     a1 = tl.zeros((L,), tl.float32)
     a2 = tl.zeros((L,), tl.float32)
@@ -209,43 +145,43 @@ def _mma_kernel(
                 # The next load goes out before this one's MMAs (past the end: the last one, unused).
                 nkb = tl.minimum(kb + 1, LOADS - 1)
                 w_next = tl.load(qp_ptr + nkb * (32 * LW) + w_off)
-                xa_next, xb_next = _load_b(x_ptr, nkb, x_off, LW)
+                xa_next, xb_next = load_b(x_ptr, nkb, x_off, LW)
                 if MB == 2:
                     xc, xd = xc_next, xd_next
-                    xc_next, xd_next = _load_b(x_ptr, nkb, x_off2, LW)
+                    xc_next, xd_next = load_b(x_ptr, nkb, x_off2, LW)
             else:
                 w = tl.load(qp_ptr + kb * (32 * LW) + w_off)  # (L, LW)
-                xa, xb = _load_b(x_ptr, kb, x_off, LW)
+                xa, xb = load_b(x_ptr, kb, x_off, LW)
                 if MB == 2:
-                    xc, xd = _load_b(x_ptr, kb, x_off2, LW)
-            xa0, xa1, xa2, xa3 = _quad(xa)
+                    xc, xd = load_b(x_ptr, kb, x_off2, LW)
+            xa0, xa1, xa2, xa3 = quad(xa)
             if LW == 4:
-                xb0, xb1, xb2, xb3 = _quad(xb)
-                w0, w1, w2, w3 = _quad(w)
+                xb0, xb1, xb2, xb3 = quad(xb)
+                w0, w1, w2, w3 = quad(w)
             else:
                 w0, w1 = tl.split(w)
             if MB == 1 and LW == 4:
-                d0, d1, d2, d3, x0, x1, x2, x3 = _block(w0, xa0, xa1, ones, d0, d1, d2, d3, x0, x1, x2, x3)
-                d0, d1, d2, d3, x0, x1, x2, x3 = _block(w1, xa2, xa3, ones, d0, d1, d2, d3, x0, x1, x2, x3)
-                d0, d1, d2, d3, x0, x1, x2, x3 = _block(w2, xb0, xb1, ones, d0, d1, d2, d3, x0, x1, x2, x3)
-                d0, d1, d2, d3, x0, x1, x2, x3 = _block(w3, xb2, xb3, ones, d0, d1, d2, d3, x0, x1, x2, x3)
+                d0, d1, d2, d3, x0, x1, x2, x3 = block(w0, xa0, xa1, ones, d0, d1, d2, d3, x0, x1, x2, x3)
+                d0, d1, d2, d3, x0, x1, x2, x3 = block(w1, xa2, xa3, ones, d0, d1, d2, d3, x0, x1, x2, x3)
+                d0, d1, d2, d3, x0, x1, x2, x3 = block(w2, xb0, xb1, ones, d0, d1, d2, d3, x0, x1, x2, x3)
+                d0, d1, d2, d3, x0, x1, x2, x3 = block(w3, xb2, xb3, ones, d0, d1, d2, d3, x0, x1, x2, x3)
             elif MB == 1:  # LW == 2
-                d0, d1, d2, d3, x0, x1, x2, x3 = _block(w0, xa0, xa1, ones, d0, d1, d2, d3, x0, x1, x2, x3)
-                d0, d1, d2, d3, x0, x1, x2, x3 = _block(w1, xa2, xa3, ones, d0, d1, d2, d3, x0, x1, x2, x3)
+                d0, d1, d2, d3, x0, x1, x2, x3 = block(w0, xa0, xa1, ones, d0, d1, d2, d3, x0, x1, x2, x3)
+                d0, d1, d2, d3, x0, x1, x2, x3 = block(w1, xa2, xa3, ones, d0, d1, d2, d3, x0, x1, x2, x3)
             else:
-                xc0, xc1, xc2, xc3 = _quad(xc)
-                acc = _block2(w0, xa0, xa1, xc0, xc1, ones, d0, d1, d2, d3, x0, x1, x2, x3,
+                xc0, xc1, xc2, xc3 = quad(xc)
+                acc = block2(w0, xa0, xa1, xc0, xc1, ones, d0, d1, d2, d3, x0, x1, x2, x3,
                               e0, e1, e2, e3, u0, u1, u2, u3)  # fmt: skip
                 d0, d1, d2, d3, x0, x1, x2, x3, e0, e1, e2, e3, u0, u1, u2, u3 = acc
-                acc = _block2(w1, xa2, xa3, xc2, xc3, ones, d0, d1, d2, d3, x0, x1, x2, x3,
+                acc = block2(w1, xa2, xa3, xc2, xc3, ones, d0, d1, d2, d3, x0, x1, x2, x3,
                               e0, e1, e2, e3, u0, u1, u2, u3)  # fmt: skip
                 d0, d1, d2, d3, x0, x1, x2, x3, e0, e1, e2, e3, u0, u1, u2, u3 = acc
                 if LW == 4:
-                    xd0, xd1, xd2, xd3 = _quad(xd)
-                    acc = _block2(w2, xb0, xb1, xd0, xd1, ones, d0, d1, d2, d3, x0, x1, x2, x3,
+                    xd0, xd1, xd2, xd3 = quad(xd)
+                    acc = block2(w2, xb0, xb1, xd0, xd1, ones, d0, d1, d2, d3, x0, x1, x2, x3,
                                   e0, e1, e2, e3, u0, u1, u2, u3)  # fmt: skip
                     d0, d1, d2, d3, x0, x1, x2, x3, e0, e1, e2, e3, u0, u1, u2, u3 = acc
-                    acc = _block2(w3, xb2, xb3, xd2, xd3, ones, d0, d1, d2, d3, x0, x1, x2, x3,
+                    acc = block2(w3, xb2, xb3, xd2, xd3, ones, d0, d1, d2, d3, x0, x1, x2, x3,
                                   e0, e1, e2, e3, u0, u1, u2, u3)  # fmt: skip
                     d0, d1, d2, d3, x0, x1, x2, x3, e0, e1, e2, e3, u0, u1, u2, u3 = acc
         z0 = ((zw0 >> z_shift) & 0xF).to(tl.float32)
@@ -308,10 +244,10 @@ def launch_mma(
     tiles: MmaTiles,
     workspace: AwqWorkspace | None,
     pdl: bool,
-    sums: torch.Tensor | None = None,
+    sums: bool = False,
 ) -> torch.Tensor:
-    """One launch on the fragment layout; x bf16 (M <= 16, K), shapes checked by the caller. With `sums`
-    (fp32 (M, N), zero) the shares only add into it and `out` is not written."""
+    """One launch on the fragment layout; x bf16 (M <= 16, K), shapes checked by the caller. With `sums`,
+    `out` is an fp32 accumulator (zero) that the shares only add into."""
     m, k = x.shape
     n = scales.shape[1]
     if x.dtype != torch.bfloat16 or not 1 <= m <= 2 * MMA_MAX_M:
@@ -327,9 +263,7 @@ def launch_mma(
         raise ValueError(f"num_warps {tiles.num_warps} must divide the {n // 16} column tiles")
     blocks = n // 16 // tiles.num_warps
     acc, counts = out, out
-    if sums is not None:
-        acc = sums
-    elif split > 1:
+    if split > 1 and not sums:
         workspace = workspace or AwqWorkspace.allocate(n, x.device)
         if workspace.accum.numel() < m * n or workspace.counts.numel() < blocks:
             raise ValueError(f"workspace too small for M {m}, N {n}")
@@ -337,7 +271,7 @@ def launch_mma(
     _mma_kernel[(blocks, split)](
         x.view(torch.int32), packed, qzeros, scales, out, acc, counts, m, per_split, N=n, K=k, GROUP=group,
         LW=load_words(group), NW=tiles.num_warps, SPLIT_K=split, DEPTH=tiles.depth,
-        MB=triton.cdiv(m, MMA_MAX_M), PDL=pdl, SUMS=sums is not None,
+        MB=triton.cdiv(m, MMA_MAX_M), PDL=pdl, SUMS=sums,
         num_warps=tiles.num_warps, num_stages=1,
         **launch_options(pdl),
     )  # fmt: skip
@@ -411,6 +345,5 @@ def _launch_rows(
     tiles = tiles or mma_tiles(scales.shape[1], k, group, x.device)
     step = 2 * MMA_MAX_M if tiles.one_pass else MMA_MAX_M
     for r in range(0, m, step):
-        part = out[r : r + step]
-        add_into = part if sums else None
-        launch_mma(x[r : r + step], fragments, qzeros, scales, group, part, tiles, workspace, pdl, add_into)
+        rows = slice(r, r + step)
+        launch_mma(x[rows], fragments, qzeros, scales, group, out[rows], tiles, workspace, pdl, sums)

@@ -32,10 +32,6 @@ class SplitSums:
     totals: torch.Tensor  # (T, N) fp32, a contiguous view of the accumulator
     dtype: torch.dtype  # what the GEMM's output would have been
 
-    @property
-    def shape(self) -> torch.Size:
-        return self.totals.shape
-
 
 def sums_or_tensor(
     name: str, x: object, ndim: int, dtypes: tuple[torch.dtype, ...]
