@@ -151,6 +151,24 @@ async def bench_server(argv: list[str], folder: Path, plan: Plan, settings: dict
             print("\n".join(client.stderr_tail), file=sys.stderr)
 
 
+def awq_twin(model: tuple[str, Path, str], tmp: Path, group_size: int) -> tuple[str, Path, str]:
+    """The model quantized to INT4 AWQ by `lsp-dscoder quantize --method rtn` (activation-aware scales
+    would be searched on random weights for nothing): the same weights, the packed fast path."""
+    from lsp_dscoder.quantize import QuantizeOptions, quantize_checkpoint
+
+    label, folder, device = model
+    dst = tmp / f"{folder.name}-awq"
+    where = "cuda" if device in ("auto", "cuda") and _cuda() else "cpu"
+    quantize_checkpoint(folder, dst, QuantizeOptions(group_size=group_size, method="rtn", device=where))
+    return f"{label}, INT4 AWQ (RTN, group {group_size})", dst, device
+
+
+def _cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def server_argv(folder: Path, device: str | None, dtype: str | None) -> list[str]:
     argv = [sys.executable, "-m", "lsp_dscoder", "--stdio", "--model", str(folder), "--log-level", "info"]
     argv += ["--device", device] if device else []
@@ -174,12 +192,13 @@ def run_protocol(args: argparse.Namespace) -> int:
             models = []
             for shape in args.shapes.split(","):
                 folder = write_random_checkpoint(Path(tmp) / shape, hf_config(shape), default_model_path())
-                models.append(
-                    (f"DeepSeek-Coder {shape} shape, random weights", folder, args.device or "auto")
-                )
+                label = f"DeepSeek-Coder {shape} shape, random weights"
+                models.append((label, folder, args.device or "auto"))
         else:
             folder = Path(args.model) if args.model else default_model_path()
             models = [(str(folder), folder, args.device or "cpu")]
+        if args.quant == "awq":  # each model again as INT4 AWQ, right after it
+            models = [m for model in models for m in (model, awq_twin(model, Path(tmp), args.group_size))]
         for label, folder, device in models:
             argv = server_argv(folder, device, args.dtype)
             result = asyncio.run(bench_server(argv, folder, plan, settings))

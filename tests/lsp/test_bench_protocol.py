@@ -13,6 +13,7 @@ import pytest
 from lsp_dscoder.bench_client import parse_record
 from lsp_dscoder.bench_docs import SCRIPT, generate
 from lsp_dscoder.stats import Outcome, Source, Stats
+from tests.tiny import make_checkpoint
 
 KEYSTROKES = 8
 ROUND_TRIPS = 3
@@ -68,3 +69,18 @@ def test_generated_document_size_and_cursor(tiny_model: Path) -> None:
     assert 0.6 * len(doc.text) <= doc.cursor
     assert generate(tiny_model / "tokenizer.json", 1024) == doc  # seeded: the same text every run
     assert SCRIPT.startswith("\n")
+
+
+def test_awq_twin_is_the_checkpoint_quantized_to_int4(tmp_path: Path) -> None:
+    from lsp_dscoder.bench_protocol import awq_twin
+    from lsp_dscoder.engine.config import ModelConfig
+
+    # Widths that group size 32 divides (the default tiny model's 176 does not).
+    tiny_model = make_checkpoint(tmp_path / "dense", hidden_size=64, intermediate_size=192)
+    label, folder, device = awq_twin(("tiny", tiny_model, "cpu"), tmp_path, 32)
+    assert (label, device) == ("tiny, INT4 AWQ (RTN, group 32)", "cpu")
+    quant = json.loads((folder / "config.json").read_text())["quantization_config"]
+    fields = (quant["quant_method"], quant["bits"], quant["group_size"], quant["version"])
+    assert fields == ("awq", 4, 32, "gemm")
+    assert ModelConfig.from_file(folder / "config.json").quantization is not None  # the engine reads it back
+    assert (folder / "tokenizer.json").read_bytes() == (tiny_model / "tokenizer.json").read_bytes()
