@@ -88,9 +88,17 @@ async function waitStatus(page, profile, what, test, timeoutMs) {
   }
 }
 
-/** Records, once per animation frame, the ghost text of the focused editor ('' when none). */
-async function startGhostRecorder(page) {
-  await page.evaluate(() => {
+/** Records, once per animation frame, the ghost text of the focused editor ('' when none), and whether
+ * one of its lines is `marker` (ghost text aside, spaces around it trimmed). A recorder started before
+ * ends. */
+async function startGhostRecorder(page, marker) {
+  await page.evaluate((marker) => {
+    const typedLines = () =>
+      [...document.querySelectorAll('.monaco-editor.focused .view-lines .view-line')].map((line) => {
+        const copy = line.cloneNode(true);
+        for (const ghost of copy.querySelectorAll('[class*="ghost-text"]')) ghost.remove();
+        return copy.textContent.replace(/\u00a0/g, ' ');
+      });
     const read = () => {
       const editor = document.querySelector('.monaco-editor.focused');
       if (!editor) return '';
@@ -101,26 +109,36 @@ async function startGhostRecorder(page) {
       return [inline.join(''), ...lines].join('\n').replace(/\u00a0/g, ' ');
     };
     const log = [];
-    window.__ghost = { log, read, stop: false, suggestWidget: false };
+    window.__ghost?.end();
+    const ghost = { log, read, typedLines, suggestWidget: false, ended: false };
+    window.__ghost = ghost;
     // Read what each frame paints: VS Code renders in its own animation-frame callbacks, and resize
     // observers run after all of those and layout, just before the paint. A probe element changes its
     // width every frame so that the observer runs every frame.
     const sample = () => {
       const text = read();
-      if (log.length === 0 || log[log.length - 1].text !== text) log.push({ t: performance.now(), text });
-      if (document.querySelector('.editor-widget.suggest-widget.visible'))
-        window.__ghost.suggestWidget = true;
+      const marked = typedLines().some((line) => line.trim() === marker);
+      const last = log[log.length - 1];
+      if (!last || last.text !== text || last.marked !== marked)
+        log.push({ t: performance.now(), text, marked });
+      if (document.querySelector('.editor-widget.suggest-widget.visible')) ghost.suggestWidget = true;
     };
     const probe = document.createElement('div');
     probe.style.cssText = 'position:fixed;left:-10px;top:-10px;height:1px;width:1px';
     document.body.appendChild(probe);
-    new ResizeObserver(sample).observe(probe);
+    const observer = new ResizeObserver(sample);
+    observer.observe(probe);
+    ghost.end = () => {
+      ghost.ended = true;
+      observer.disconnect();
+      probe.remove();
+    };
     const frame = () => {
       probe.style.width = probe.style.width === '1px' ? '2px' : '1px';
-      if (!window.__ghost.stop) requestAnimationFrame(frame);
+      if (!ghost.ended) requestAnimationFrame(frame);
     };
     requestAnimationFrame(frame);
-  });
+  }, marker);
 }
 
 async function ghostLog(page) {
@@ -148,10 +166,12 @@ async function streamedSuggestionIsShownAcceptedAndSaved(page, profile) {
   const file = path.join(profile.workspace, FILE);
   await waitStatus(page, profile, 'model ready (idle)', (t) => /^dscoder( [\d.]+ ms)?$/.test(t), 120_000);
   await openFile(page, FILE);
+  // Started before typing: the paste follows the last keystroke at once, with no round trip to the page
+  // between them in which the header's own suggestion could stream and re-query.
+  await startGhostRecorder(page, INSERTED);
+  await clearEditor(page); // a repeated run starts where the previous one ended
   // Human speed; VS Code's Python rules indent after each `:` line on Enter.
   await page.keyboard.type(HEADER.replace(/\n */g, '\n'), { delay: 40 });
-  await startGhostRecorder(page);
-  const fromMs = await page.evaluate(() => performance.now());
   const finishedBefore = finishedRequests(profile);
   await page.keyboard.insertText(INSERTED);
   let last = '';
@@ -178,7 +198,9 @@ async function streamedSuggestionIsShownAcceptedAndSaved(page, profile) {
     `the suggestion's first line is not ${JSON.stringify(FIRST_LINE)}: ${JSON.stringify(SUGGESTION)}`,
   );
   const { log } = await ghostLog(page);
-  const shown = log.filter((s) => s.t >= fromMs).map((s) => s.text);
+  // The frames since the editor showed the pasted text.
+  const pasted = log.findIndex((s) => s.marked);
+  const shown = (pasted < 0 ? [] : log.slice(pasted)).map((s) => s.text);
   const first = shown.findIndex((t) => t !== '');
   const streamed = shown.slice(first);
   fs.writeFileSync(path.join(profile.artifacts, 'ghost-frames.json'), JSON.stringify(shown, null, 1));
@@ -206,6 +228,18 @@ async function streamedSuggestionIsShownAcceptedAndSaved(page, profile) {
   });
   const { suggestWidget } = await ghostLog(page);
   check(!suggestWidget, 'the suggest widget showed completion items next to the inline suggestion');
+}
+
+/** Empties the focused editor and waits until it shows no text (ghost text aside; needs the recorder). */
+async function clearEditor(page) {
+  await page.keyboard.press('Control+A');
+  await page.keyboard.press('Delete');
+  await waitFor('the editor to be empty', () =>
+    page.evaluate(() => {
+      const lines = window.__ghost.typedLines();
+      return lines.length === 1 && lines[0].trim() === '';
+    }),
+  );
 }
 
 /** A new window on the settings just written: the server starts with them. Waits for the workbench, not

@@ -5,11 +5,15 @@
  *
  * VS Code (1.100) takes at most two results per document version and cursor position while a suggestion
  * is shown: the automatic query's, and one explicit re-query (`editor.action.inlineSuggest.trigger`); later
- * re-queries are "satisfied" by the explicit one and never reach the provider, and hiding the suggestion
- * to force one makes it blink. So the first call answers with the first streamed text, and when the text
- * grows the editor is asked once more; that call waits until the suggestion is complete (or the request
- * is dropped, the editor gives up, or HOLD_MS pass) and answers with all of it. What is shown is always
- * an answer of the provider, so Tab accepts exactly what is on the screen.
+ * queries are "satisfied" by the explicit result and never reach the provider, and hiding the suggestion
+ * to force one makes it blink. So an automatic call answers with the first streamed text, and when the
+ * text grows the editor is asked for the re-query (see `RequeryPlan`); an explicit call waits until the
+ * suggestion is complete (or the request is dropped, the editor gives up, or HOLD_MS pass) and answers
+ * with all of it. An explicit call is not always the re-query: a trigger that crosses a keystroke lands on
+ * the new version, where its call is then the only one VS Code takes, so all of the suggestion is shown
+ * at once there. A trigger whose call does not come within REQUERY_RETRY_MS, or whose call VS Code cancels
+ * unanswered while the cursor stays, is sent again, a few times at most. What is shown is always an answer
+ * of the provider, so Tab accepts exactly what is on the screen.
  *
  * The LSP request is not tied to VS Code's per-call cancellation token: the re-query makes VS Code
  * cancel its previous call, which must not cancel the generation. One request is in flight at a time:
@@ -21,14 +25,23 @@
 import * as vscode from 'vscode';
 import type { Middleware } from 'vscode-languageclient';
 
-import { Anchor, cancelOnReplace, parsePartial, sameAnchor, SuggestionStore, Update } from './suggestions';
+import {
+  Anchor,
+  cancelOnReplace,
+  parsePartial,
+  REQUERY_RETRY_MS,
+  RequeryPlan,
+  sameAnchor,
+  SuggestionStore,
+  Update,
+} from './suggestions';
 
 type Items = vscode.InlineCompletionItem[] | vscode.InlineCompletionList | null | undefined;
 type InlineMiddleware = Required<Pick<Middleware, 'provideInlineCompletionItems'>>;
 /** The client's own provider: sends the LSP request and converts the response. */
 type Next = Parameters<InlineMiddleware['provideInlineCompletionItems']>[4];
 
-/** Longest wait of the re-query for the rest of the suggestion; then it answers with what it has. */
+/** Longest wait of an explicit call for the rest of the suggestion; then it answers with what it has. */
 export const HOLD_MS = 15_000;
 
 export interface InlineEvents {
@@ -63,10 +76,11 @@ export class InlineStreaming implements vscode.Disposable {
     string,
     { anchor: Anchor; item: vscode.InlineCompletionItem | undefined }
   >();
-  /** Per document: provider calls waiting for its first text or its response. */
+  /** Per document: provider calls waiting for its suggestion to change (first text, response, more). */
   private readonly waiters = new Map<string, Set<() => void>>();
-  /** Per document: the text last answered to VS Code, and whether the re-query was asked for. */
-  private readonly answered = new Map<string, { anchor: Anchor; text: string; requeried: boolean }>();
+  private readonly requeries = new RequeryPlan();
+  /** Per document: the timer that re-checks a trigger of the re-query after REQUERY_RETRY_MS. */
+  private readonly retries = new Map<string, ReturnType<typeof setTimeout>>();
 
   readonly middleware: InlineMiddleware = {
     provideInlineCompletionItems: (document, position, context, token, next) =>
@@ -88,13 +102,17 @@ export class InlineStreaming implements vscode.Disposable {
   forget(uri: string): void {
     if (this.inflight?.anchor.uri === uri) this.cancelInflight();
     this.finals.delete(uri);
-    this.answered.delete(uri);
+    this.requeries.forget(uri);
+    clearTimeout(this.retries.get(uri));
+    this.retries.delete(uri);
     this.store.forget(uri);
     this.wake(uri);
   }
 
   dispose(): void {
     this.cancelInflight();
+    for (const timer of this.retries.values()) clearTimeout(timer);
+    this.retries.clear();
   }
 
   /** Stops waiting for the request in flight (and cancels it unless `replacedBy` says otherwise); its
@@ -121,6 +139,28 @@ export class InlineStreaming implements vscode.Disposable {
     if (!this.enabled(document.languageId)) return undefined;
     const anchor = anchorOf(document, position);
     if (!this.store.has(anchor)) this.request(anchor, document, position, context, next);
+    if (context.triggerKind !== vscode.InlineCompletionTriggerKind.Invoke) {
+      return this.answer(anchor, position, token, false);
+    }
+    this.requeries.explicitBegan(anchor);
+    try {
+      return await this.answer(anchor, position, token, true);
+    } finally {
+      this.requeries.explicitEnded(anchor);
+      // Cancelled unanswered: what is shown still takes the re-query. Asked later, once a keystroke that
+      // cancelled the call has reached this side: a trigger that crosses it lands on the new version.
+      if (token.isCancellationRequested) this.retryLater(anchor.uri);
+    }
+  }
+
+  /** Waits for the first text, or for the whole suggestion when `explicit` (the last answer VS Code takes
+   * at the anchor), then answers with it. */
+  private async answer(
+    anchor: Anchor,
+    position: vscode.Position,
+    token: vscode.CancellationToken,
+    explicit: boolean,
+  ): Promise<Items> {
     // Until the first text or the response, unless VS Code gives up or a newer request replaces this one.
     while (
       this.store.has(anchor) &&
@@ -130,18 +170,15 @@ export class InlineStreaming implements vscode.Disposable {
       if (token.isCancellationRequested) return undefined;
       await this.nextUpdate(anchor.uri, token);
     }
-    const answered = this.answered.get(anchor.uri);
-    if (answered !== undefined && sameAnchor(answered.anchor, anchor)) {
-      // The re-query: the last answer VS Code takes at this anchor, so it waits for the whole text.
-      const deadline = performance.now() + HOLD_MS;
-      while (!this.store.isComplete(anchor) && performance.now() < deadline) {
-        if (token.isCancellationRequested) return undefined;
-        await this.nextUpdate(anchor.uri, token, deadline - performance.now());
-      }
+    const deadline = performance.now() + HOLD_MS;
+    while (explicit && !this.store.isComplete(anchor) && performance.now() < deadline) {
+      if (token.isCancellationRequested) return undefined;
+      await this.nextUpdate(anchor.uri, token, deadline - performance.now());
     }
+    if (token.isCancellationRequested || !this.store.has(anchor)) return undefined;
     const text = this.store.suggestion(anchor);
-    if (token.isCancellationRequested || text === undefined) return undefined;
-    this.answered.set(anchor.uri, { anchor, text, requeried: answered?.requeried ?? false });
+    this.requeries.answered(anchor, text, explicit);
+    if (text === undefined) return undefined;
     const final = this.finals.get(anchor.uri);
     const item = final !== undefined && sameAnchor(final.anchor, anchor) ? final.item : undefined;
     return [
@@ -162,7 +199,7 @@ export class InlineStreaming implements vscode.Disposable {
   ): void {
     this.cancelInflight(anchor); // latest wins
     this.finals.delete(anchor.uri);
-    this.answered.delete(anchor.uri);
+    this.requeries.forget(anchor.uri);
     const cancel = new vscode.CancellationTokenSource();
     this.inflight = { anchor, cancel };
     this.store.begin(anchor, performance.now());
@@ -183,28 +220,36 @@ export class InlineStreaming implements vscode.Disposable {
   private updated(uri: string, update: Update, settled = false): void {
     if (update.ttftMs !== undefined) this.events.ttft(update.ttftMs);
     if (!update.changed && !settled) return;
-    if (this.wake(uri)) return; // the provider calls waiting return the new text themselves
+    this.wake(uri);
     if (update.changed) this.requery(uri);
   }
 
-  /** Wakes the provider calls waiting on the document; false when there were none. */
-  private wake(uri: string): boolean {
-    const waiting = this.waiters.get(uri);
-    if (waiting === undefined || waiting.size === 0) return false;
-    for (const wake of [...waiting]) wake();
-    return true;
+  /** Wakes the provider calls waiting on the document. */
+  private wake(uri: string): void {
+    for (const wake of [...(this.waiters.get(uri) ?? [])]) wake();
   }
 
-  /** Asks the active editor once more when the suggestion it shows (the last answer at its version and
-   * cursor) is no longer what the server has: more text, or none. */
+  /** Asks the active editor for the re-query when the suggestion it shows (an automatic answer at its
+   * version and cursor) is no longer what the server has: more text, or none. */
   private requery(uri: string): void {
-    const answered = this.answered.get(uri);
     const editor = vscode.window.activeTextEditor;
-    if (answered === undefined || answered.requeried || editor === undefined) return;
-    if (!sameAnchor(answered.anchor, anchorOf(editor.document, editor.selection.active))) return;
-    if (this.store.suggestion(answered.anchor) === answered.text) return;
-    answered.requeried = true;
+    const at = editor === undefined ? undefined : anchorOf(editor.document, editor.selection.active);
+    if (!this.requeries.shouldTrigger(uri, at, at === undefined ? undefined : this.store.suggestion(at))) {
+      return;
+    }
+    this.retryLater(uri);
     void vscode.commands.executeCommand('editor.action.inlineSuggest.trigger');
+  }
+
+  /** Checks again after REQUERY_RETRY_MS whether the re-query is still wanted and has not come. */
+  private retryLater(uri: string): void {
+    clearTimeout(this.retries.get(uri));
+    const retry = (): void => {
+      this.retries.delete(uri);
+      this.requeries.retry(uri);
+      this.requery(uri);
+    };
+    this.retries.set(uri, setTimeout(retry, REQUERY_RETRY_MS));
   }
 
   /** Resolves on the next update of the document's suggestion, when VS Code gives up on the call, or

@@ -1,7 +1,7 @@
 /**
  * Streamed suggestions: the latest `dscoder/partialCompletion` per document, checked against the
- * document version and cursor position it was asked for, and what to show at a given anchor.
- * No VS Code imports: unit-tested in node.
+ * document version and cursor position it was asked for, what to show at a given anchor, and when to
+ * ask the editor to show it again. No VS Code imports: unit-tested in node.
  */
 
 export interface Position {
@@ -188,5 +188,85 @@ export class SuggestionStore {
       e.ttftMs = ttftMs = nowMs - e.startedMs;
     }
     return { changed: now !== before, ttftMs };
+  }
+}
+
+/** How long a trigger of the re-query may take to bring its explicit call before it is sent again. */
+export const REQUERY_RETRY_MS = 400;
+/** Most triggers per answer: a trigger VS Code drops or whose call it cancels is sent again, this often. */
+export const REQUERY_TRIGGERS = 3;
+
+/** The last answer to VS Code in a document. */
+interface Answer {
+  readonly anchor: Anchor;
+  /** `undefined`: answered with nothing. */
+  readonly text: string | undefined;
+  /** Given to an explicit call: the last answer VS Code takes at its anchor. */
+  readonly last: boolean;
+  triggers: number;
+  /** A trigger went out and neither its explicit call came nor its time (`retry`) ran out. */
+  pending: boolean;
+}
+
+/**
+ * When to ask VS Code (1.100) for the re-query (`editor.action.inlineSuggest.trigger`): it takes one
+ * explicit answer per document version and cursor after the automatic one, and none after that. So: when
+ * the server's text at the anchor of an automatic answer is no longer the answered text, the cursor is
+ * still there and no explicit call is waiting there. A trigger whose call does not come in time, or whose
+ * call VS Code cancels unanswered, is sent again (at most `REQUERY_TRIGGERS` per answer).
+ */
+export class RequeryPlan {
+  private readonly answers = new Map<string, Answer>();
+  /** Per document: the anchors of the explicit calls in progress. */
+  private readonly explicit = new Map<string, Anchor[]>();
+
+  /** A provider call answered `text` at `anchor`. A second answer at the same anchor keeps its count of
+   * triggers. */
+  answered(anchor: Anchor, text: string | undefined, explicit: boolean): void {
+    const before = this.answers.get(anchor.uri);
+    const triggers = before !== undefined && sameAnchor(before.anchor, anchor) ? before.triggers : 0;
+    this.answers.set(anchor.uri, { anchor, text, last: explicit, triggers, pending: false });
+  }
+
+  /** An explicit call began at `anchor`: a trigger for that anchor has arrived. */
+  explicitBegan(anchor: Anchor): void {
+    const calls = this.explicit.get(anchor.uri) ?? [];
+    calls.push(anchor);
+    this.explicit.set(anchor.uri, calls);
+    const answer = this.answers.get(anchor.uri);
+    if (answer !== undefined && sameAnchor(answer.anchor, anchor)) answer.pending = false;
+  }
+
+  /** The explicit call that began with `anchor` ended (answered, or cancelled by VS Code). */
+  explicitEnded(anchor: Anchor): void {
+    const calls = this.explicit.get(anchor.uri) ?? [];
+    const i = calls.indexOf(anchor);
+    if (i >= 0) calls.splice(i, 1);
+    if (calls.length === 0) this.explicit.delete(anchor.uri);
+  }
+
+  /** Whether to send the trigger now, with the editor's cursor at `editor` and the server's text there;
+   * true records the trigger. */
+  shouldTrigger(uri: string, editor: Anchor | undefined, text: string | undefined): boolean {
+    const answer = this.answers.get(uri);
+    if (answer === undefined || answer.last || answer.pending || answer.triggers >= REQUERY_TRIGGERS) {
+      return false;
+    }
+    if (editor === undefined || !sameAnchor(answer.anchor, editor) || text === answer.text) return false;
+    if ((this.explicit.get(uri) ?? []).some((a) => sameAnchor(a, answer.anchor))) return false;
+    answer.triggers += 1;
+    answer.pending = true;
+    return true;
+  }
+
+  /** `REQUERY_RETRY_MS` passed since the last trigger in the document. */
+  retry(uri: string): void {
+    const answer = this.answers.get(uri);
+    if (answer !== undefined) answer.pending = false;
+  }
+
+  /** A new request in the document (or it closed): what was answered is no longer shown. */
+  forget(uri: string): void {
+    this.answers.delete(uri);
   }
 }

@@ -58,9 +58,16 @@ export interface FakeEditor {
   selection: { active: FakePosition };
 }
 
+/** VS Code's numbers: `Invoke` is an explicit request (`editor.action.inlineSuggest.trigger`). */
+enum InlineCompletionTriggerKind {
+  Invoke = 0,
+  Automatic = 1,
+}
+
 export const fake = {
   Range,
   InlineCompletionItem,
+  InlineCompletionTriggerKind,
   CancellationTokenSource,
   executed: [] as string[],
   /** Runs after a command is recorded: a test's model of what VS Code does with it. */

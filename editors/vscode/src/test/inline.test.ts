@@ -6,11 +6,12 @@
 import assert from 'node:assert/strict';
 import { afterEach, test } from 'node:test';
 
-import type { PartialCompletion } from '../suggestions';
-import { fake, FakeEditor, FakePosition, install } from './fake-vscode';
+import { PartialCompletion, REQUERY_RETRY_MS } from '../suggestions';
+import { fake, FakeEditor, FakePosition, FakeTokenSource, install } from './fake-vscode';
 
 install();
 const { InlineStreaming } = require('../inline') as typeof import('../inline');
+const TRIGGER = 'editor.action.inlineSuggest.trigger';
 
 const URI = 'file:///w/%F0%9F%98%80.py';
 const AT: FakePosition = { line: 3, character: 9 };
@@ -47,15 +48,20 @@ function setup() {
     version,
     languageId,
   });
+  /** A provider call: automatic, or explicit (after `editor.action.inlineSuggest.trigger`). */
   const provide = (
     version: number,
     position: FakePosition,
-    vscodeToken = new fake.CancellationTokenSource(),
+    { explicit = false, vscodeToken = new fake.CancellationTokenSource() } = {},
   ) =>
     inline.middleware.provideInlineCompletionItems(
       doc(version) as never,
       position as never,
-      {} as never,
+      {
+        triggerKind: explicit
+          ? fake.InlineCompletionTriggerKind.Invoke
+          : fake.InlineCompletionTriggerKind.Automatic,
+      } as never,
       vscodeToken.token as never,
       next as never,
     ) as Promise<{ insertText: string; range: { start: FakePosition; end: FakePosition } }[] | undefined>;
@@ -89,7 +95,7 @@ test('the first call waits for the first partial; the LSP request has its own to
   assert.equal(t.sent[0].token.isCancellationRequested, false);
 });
 
-test('growing text re-queries the editor once; that call waits for the whole suggestion', async () => {
+test('growing text asks the editor for the re-query once; the explicit call waits for all of it', async () => {
   const t = setup();
   fake.window.activeTextEditor = t.editorAt(2, AT);
   const first = t.provide(2, AT);
@@ -97,51 +103,124 @@ test('growing text re-queries the editor once; that call waits for the whole sug
   assert.deepEqual(await first, items('ret'));
   t.inline.onPartial(t.partial(7, 2, 'retur'));
   t.inline.onPartial(t.partial(7, 2, 'return a'));
-  assert.deepEqual(fake.executed, ['editor.action.inlineSuggest.trigger']); // once, not per partial
+  assert.deepEqual(fake.executed, [TRIGGER]); // once, not per partial
   let answer: unknown;
-  const requery = t.provide(2, AT).then((a) => (answer = a));
+  const requery = t.provide(2, AT, { explicit: true }).then((a) => (answer = a));
   t.inline.onPartial(t.partial(7, 2, 'return a\n  b'));
   t.sent[0].respond(items('return a'));
-  await sleep(REFRESH_WAIT_MS);
+  await sleep(REQUERY_RETRY_MS + REFRESH_WAIT_MS);
   assert.equal(answer, undefined); // not complete: no done partial yet
+  assert.deepEqual(fake.executed, [TRIGGER]); // the re-query came: no second trigger while it waits
   t.inline.onPartial(t.partial(7, 2, 'return a\n  b + 1', true));
   await requery;
   assert.deepEqual(answer, items('return a\n  b + 1'));
   assert.equal(t.sent.length, 1);
-  assert.deepEqual(fake.executed, ['editor.action.inlineSuggest.trigger']);
+  await sleep(REQUERY_RETRY_MS + REFRESH_WAIT_MS);
+  assert.deepEqual(fake.executed, [TRIGGER]);
 });
 
+test('two automatic calls at one anchor both answer at the first text; growth asks for the re-query', async () => {
+  const t = setup();
+  fake.window.activeTextEditor = t.editorAt(2, AT);
+  const calls = [t.provide(2, AT), t.provide(2, AT)];
+  t.inline.onPartial(t.partial(7, 2, 'x'));
+  const answers = await Promise.race([Promise.all(calls), sleep(REFRESH_WAIT_MS).then(() => 'waiting')]);
+  assert.deepEqual(answers, [items('x'), items('x')]);
+  t.inline.onPartial(t.partial(7, 2, 'x ='));
+  assert.deepEqual(fake.executed, [TRIGGER]);
+  assert.equal(t.sent.length, 1);
+});
+
+const DEBOUNCE_MS = 10;
+type Shown = { version: number; position: FakePosition; text: string | undefined; explicit: boolean };
+
 /**
- * VS Code 1.100's inline-completion source, as far as re-queries go: a fetch at the version and cursor of
- * the shown result is skipped when that result came from an explicit request or the new one is automatic
- * (`UpdateRequest.satisfies`); `editor.action.inlineSuggest.trigger` fetches explicitly.
+ * VS Code 1.100's inline-completion source, as far as re-queries go. A fetch at the version and cursor of
+ * the update in flight or of the shown result is skipped when that one is explicit or the new one is
+ * automatic (`UpdateRequest.satisfies`); otherwise it cancels the update in flight. Automatic fetches
+ * wait DEBOUNCE_MS first; `editor.action.inlineSuggest.trigger` fetches explicitly at once, unless
+ * `dropTriggers` says to lose it. A keystroke cancels the update in flight.
  */
 class InlineSource {
-  shown: { text: string | undefined; explicit: boolean } | undefined;
-  fetches = 0;
+  shown: Shown | undefined;
+  fetches: { version: number; explicit: boolean }[] = [];
+  dropTriggers = 0;
+  private update: (Shown & { cancel: FakeTokenSource }) | undefined;
 
-  constructor(private readonly provide: () => Promise<{ insertText: string }[] | undefined>) {
+  constructor(
+    private at: { version: number; position: FakePosition },
+    private readonly provide: (
+      version: number,
+      position: FakePosition,
+      explicit: boolean,
+      cancel: FakeTokenSource,
+    ) => Promise<{ insertText: string }[] | undefined>,
+  ) {
     fake.onCommand = (command) => {
-      if (command === 'editor.action.inlineSuggest.trigger') void this.fetch(true);
+      if (command !== TRIGGER) return;
+      if (this.dropTriggers > 0) this.dropTriggers -= 1;
+      else void this.fetch(true);
     };
   }
 
-  async fetch(explicit: boolean): Promise<void> {
-    if (this.shown !== undefined && (this.shown.explicit || !explicit)) return; // "satisfied"
-    this.fetches += 1;
-    const result = await this.provide();
-    this.shown = { text: result?.[0]?.insertText, explicit };
+  private satisfies(by: Shown | undefined, explicit: boolean): boolean {
+    return (
+      by !== undefined &&
+      by.version === this.at.version &&
+      by.position.line === this.at.position.line &&
+      by.position.character === this.at.position.character &&
+      (!explicit || by.explicit)
+    );
   }
+
+  async fetch(explicit: boolean): Promise<void> {
+    if (this.satisfies(this.update, explicit) || this.satisfies(this.shown, explicit)) return;
+    this.cancel();
+    const update = { ...this.at, text: undefined, explicit, cancel: new fake.CancellationTokenSource() };
+    this.update = update;
+    if (!explicit) await sleep(DEBOUNCE_MS);
+    if (update.cancel.isCancelled) return;
+    this.fetches.push({ version: update.version, explicit });
+    const result = await this.provide(update.version, update.position, explicit, update.cancel);
+    if (update.cancel.isCancelled) return;
+    this.update = undefined;
+    this.shown = {
+      version: update.version,
+      position: update.position,
+      text: result?.[0]?.insertText,
+      explicit,
+    };
+  }
+
+  /** The user typed: a new version and cursor, and an automatic fetch there. */
+  type(version: number, position: FakePosition): Promise<void> {
+    this.at = { version, position };
+    this.cancel();
+    return this.fetch(false);
+  }
+
+  /** VS Code drops the update in flight (as it does when it stops asking). */
+  cancel(): void {
+    this.update?.cancel.cancel();
+    this.update = undefined;
+  }
+}
+
+function vscodeOn(t: ReturnType<typeof setup>, version: number) {
+  return new InlineSource({ version, position: AT }, (v, position, explicit, cancel) =>
+    t.provide(v, position, { explicit, vscodeToken: cancel }),
+  );
 }
 
 test('in VS Code 1.100 the streamed suggestion reaches the screen whole, in two answers', async () => {
   const t = setup();
   fake.window.activeTextEditor = t.editorAt(2, AT);
-  const source = new InlineSource(() => t.provide(2, AT));
+  const source = vscodeOn(t, 2);
   const typed = source.fetch(false);
+  await sleep(DEBOUNCE_MS);
   t.inline.onPartial(t.partial(7, 2, 'self'));
   await typed;
-  assert.deepEqual(source.shown, { text: 'self', explicit: false });
+  assert.deepEqual(source.shown, { version: 2, position: AT, text: 'self', explicit: false });
   for (const text of ['self.x', 'self.x = x', 'self.x = x\n    self.y']) {
     t.inline.onPartial(t.partial(7, 2, text));
     await sleep(5);
@@ -149,8 +228,98 @@ test('in VS Code 1.100 the streamed suggestion reaches the screen whole, in two 
   t.sent[0].respond(items('self.x = x'));
   t.inline.onPartial(t.partial(7, 2, 'self.x = x\n    self.y = y', true));
   await sleep(REFRESH_WAIT_MS);
-  assert.deepEqual(source.shown, { text: 'self.x = x\n    self.y = y', explicit: true });
-  assert.equal(source.fetches, 2);
+  assert.deepEqual(source.shown, {
+    version: 2,
+    position: AT,
+    text: 'self.x = x\n    self.y = y',
+    explicit: true,
+  });
+  assert.deepEqual(source.fetches, [
+    { version: 2, explicit: false },
+    { version: 2, explicit: true },
+  ]);
+  assert.equal(t.sent.length, 1);
+});
+
+test('a trigger that crosses a keystroke lands on the new version: that call shows all of it', async () => {
+  const t = setup();
+  fake.window.activeTextEditor = t.editorAt(2, AT);
+  const source = vscodeOn(t, 2);
+  const typed = source.fetch(false);
+  await sleep(DEBOUNCE_MS);
+  t.inline.onPartial(t.partial(7, 2, 'self'));
+  await typed;
+  // The user types `self.`; this side still sees version 2 when the text grows, and triggers.
+  const after = { line: AT.line, character: AT.character + 5 };
+  void source.type(3, after);
+  t.inline.onPartial(t.partial(7, 2, 'self.'));
+  assert.deepEqual(fake.executed, [TRIGGER]);
+  fake.window.activeTextEditor = t.editorAt(3, after);
+  // The explicit fetch replaced the debounced automatic one: the only answer VS Code takes at version 3.
+  assert.deepEqual(source.fetches.at(-1), { version: 3, explicit: true });
+  assert.deepEqual([t.sent.length, t.sent[1].position], [2, after]);
+  const partial3 = (text: string, done = false) => ({ ...t.partial(8, 3, text, done), position: after });
+  t.inline.onPartial(partial3('x ='));
+  t.inline.onPartial(partial3('x = x'));
+  t.sent[1].respond(items('x = x', after));
+  await sleep(REFRESH_WAIT_MS);
+  assert.equal(source.shown?.version, 2); // still waiting for all of it
+  t.inline.onPartial(partial3('x = x\n    self.y = y', true));
+  await sleep(REFRESH_WAIT_MS);
+  assert.deepEqual(source.shown, {
+    version: 3,
+    position: after,
+    text: 'x = x\n    self.y = y',
+    explicit: true,
+  });
+  assert.deepEqual(source.fetches, [
+    { version: 2, explicit: false },
+    { version: 3, explicit: true },
+  ]);
+  assert.deepEqual(fake.executed, [TRIGGER]);
+});
+
+test('a trigger that brings no call is sent again after REQUERY_RETRY_MS', async () => {
+  const t = setup();
+  fake.window.activeTextEditor = t.editorAt(2, AT);
+  const source = vscodeOn(t, 2);
+  const typed = source.fetch(false);
+  await sleep(DEBOUNCE_MS);
+  t.inline.onPartial(t.partial(7, 2, 'x'));
+  await typed;
+  source.dropTriggers = 1;
+  t.inline.onPartial(t.partial(7, 2, 'x = x', true));
+  assert.deepEqual(fake.executed, [TRIGGER]);
+  t.sent[0].respond(items('x = x'));
+  await sleep(REQUERY_RETRY_MS / 2);
+  assert.deepEqual(fake.executed, [TRIGGER]);
+  await sleep(REQUERY_RETRY_MS / 2 + REFRESH_WAIT_MS);
+  assert.deepEqual(fake.executed, [TRIGGER, TRIGGER]);
+  assert.deepEqual(source.shown, { version: 2, position: AT, text: 'x = x', explicit: true });
+  await sleep(REQUERY_RETRY_MS + REFRESH_WAIT_MS);
+  assert.deepEqual(fake.executed, [TRIGGER, TRIGGER]);
+});
+
+test('a re-query VS Code cancels unanswered is asked again while the cursor stays, not after it moved', async () => {
+  const t = setup();
+  fake.window.activeTextEditor = t.editorAt(2, AT);
+  const source = vscodeOn(t, 2);
+  const typed = source.fetch(false);
+  await sleep(DEBOUNCE_MS);
+  t.inline.onPartial(t.partial(7, 2, 'x'));
+  await typed;
+  t.inline.onPartial(t.partial(7, 2, 'x ='));
+  assert.deepEqual(source.fetches.at(-1), { version: 2, explicit: true });
+  source.cancel();
+  await sleep(REFRESH_WAIT_MS);
+  assert.deepEqual(fake.executed, [TRIGGER]); // not at once: a keystroke may be on its way
+  await sleep(REQUERY_RETRY_MS);
+  assert.deepEqual(fake.executed, [TRIGGER, TRIGGER]);
+  assert.equal(source.fetches.length, 3);
+  source.cancel();
+  fake.window.activeTextEditor = t.editorAt(2, { line: 4, character: 0 }); // the cursor moved
+  await sleep(REQUERY_RETRY_MS + REFRESH_WAIT_MS);
+  assert.deepEqual(fake.executed, [TRIGGER, TRIGGER]);
   assert.equal(t.sent.length, 1);
 });
 
@@ -164,14 +333,15 @@ test('after the response (first line) the partials keep growing the suggestion, 
   await sleep(0);
   assert.deepEqual(t.events.busy, [true, false]);
   t.inline.onPartial(t.partial(7, 2, 'return a\n    b', true));
-  assert.deepEqual(fake.executed, ['editor.action.inlineSuggest.trigger']);
-  assert.deepEqual(await t.provide(2, AT), items('return a\n    b')); // complete: answered at once
+  assert.deepEqual(fake.executed, [TRIGGER]);
+  // Complete: the re-query is answered at once.
+  assert.deepEqual(await t.provide(2, AT, { explicit: true }), items('return a\n    b'));
 });
 
 test('stale partials (older version, other position) change nothing and trigger nothing', async () => {
   const t = setup();
   fake.window.activeTextEditor = t.editorAt(3, AT);
-  const call = t.provide(3, AT, new fake.CancellationTokenSource());
+  const call = t.provide(3, AT);
   t.inline.onPartial(t.partial(7, 2, 'old'));
   t.inline.onPartial({ ...t.partial(7, 3, 'moved'), position: { line: 3, character: 8 } });
   await sleep(REFRESH_WAIT_MS);
@@ -196,7 +366,7 @@ test('a cursor move cancels the request in flight; a keystroke leaves it to the 
 test('VS Code giving up on a call does not cancel the request; the next call gets its text', async () => {
   const t = setup();
   const vscodeToken = new fake.CancellationTokenSource();
-  const call = t.provide(2, AT, vscodeToken);
+  const call = t.provide(2, AT, { vscodeToken });
   vscodeToken.cancel();
   assert.equal(await call, undefined);
   assert.equal(t.sent[0].token.isCancellationRequested, false);
@@ -218,9 +388,11 @@ test('a response without items ends the wait with nothing and hides what was str
   await first;
   again.sent[0].respond(null); // the server dropped it: the document changed meanwhile
   await sleep(REFRESH_WAIT_MS);
-  assert.deepEqual(fake.executed, ['editor.action.inlineSuggest.trigger']);
-  assert.equal(await again.provide(2, AT), undefined);
+  assert.deepEqual(fake.executed, [TRIGGER]);
+  assert.equal(await again.provide(2, AT, { explicit: true }), undefined);
   assert.equal(again.sent.length, 1);
+  await sleep(REQUERY_RETRY_MS + REFRESH_WAIT_MS);
+  assert.deepEqual(fake.executed, [TRIGGER]); // VS Code took the empty answer: nothing more to ask
 });
 
 test('disabled languages get no request; closing a document cancels its request', async () => {

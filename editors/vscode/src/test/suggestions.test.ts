@@ -6,6 +6,8 @@ import {
   cancelOnReplace,
   parsePartial,
   PartialCompletion,
+  REQUERY_TRIGGERS,
+  RequeryPlan,
   sameAnchor,
   SuggestionStore,
 } from '../suggestions';
@@ -158,4 +160,66 @@ test('a replaced request is cancelled unless its document moved to a newer versi
   // A keystroke: the server's didChange handling already dropped it, or keeps it for typing through.
   assert.equal(cancelOnReplace(AT, { ...moved, version: 8 }), false);
   assert.equal(cancelOnReplace(AT, { ...AT, version: 8 }), false);
+});
+
+test('the re-query is asked for when the text of an automatic answer changed, at its anchor only', () => {
+  const plan = new RequeryPlan();
+  assert.equal(plan.shouldTrigger(URI, AT, 'x ='), false); // nothing answered
+  plan.answered(AT, 'x', false);
+  assert.equal(plan.shouldTrigger(URI, AT, 'x'), false); // unchanged
+  assert.equal(plan.shouldTrigger(URI, undefined, 'x ='), false); // no editor
+  assert.equal(plan.shouldTrigger(URI, { ...AT, version: 8 }, 'x ='), false); // the user typed on
+  assert.equal(plan.shouldTrigger(URI, { ...AT, position: { line: 3, character: 0 } }, 'x ='), false);
+  assert.equal(plan.shouldTrigger('file:///src/other.py', AT, 'x ='), false);
+  assert.equal(plan.shouldTrigger(URI, AT, 'x ='), true);
+  assert.equal(plan.shouldTrigger(URI, AT, 'x = x'), false); // on its way
+});
+
+test('an answer to be hidden (the server dropped the request) is asked for; nothing answered is not', () => {
+  const plan = new RequeryPlan();
+  plan.answered(AT, 'pa', false);
+  assert.equal(plan.shouldTrigger(URI, AT, undefined), true);
+  plan.answered(AT, undefined, false);
+  assert.equal(plan.shouldTrigger(URI, AT, undefined), false);
+});
+
+test('no trigger while an explicit call waits at the anchor, or after an explicit answer', () => {
+  const plan = new RequeryPlan();
+  plan.answered(AT, 'x', false);
+  const elsewhere = { ...AT, version: 8 };
+  plan.explicitBegan(elsewhere); // a call at another anchor will not show this text
+  const here = { ...AT };
+  plan.explicitBegan(here);
+  assert.equal(plan.shouldTrigger(URI, AT, 'x ='), false);
+  plan.explicitEnded(here);
+  assert.equal(plan.shouldTrigger(URI, AT, 'x ='), true);
+  plan.explicitBegan(here);
+  plan.explicitEnded(here);
+  plan.answered(AT, 'x = x', true); // the last answer VS Code takes here
+  assert.equal(plan.shouldTrigger(URI, AT, 'x = x\n'), false);
+  plan.explicitEnded(elsewhere);
+});
+
+test(`a trigger is sent again when its call did not come or was cancelled, at most ${REQUERY_TRIGGERS} times`, () => {
+  assert.equal(REQUERY_TRIGGERS, 3);
+  const plan = new RequeryPlan();
+  plan.answered(AT, 'x', false);
+  assert.equal(plan.shouldTrigger(URI, AT, 'x ='), true);
+  plan.retry(URI); // no call came in time
+  assert.equal(plan.shouldTrigger(URI, AT, 'x ='), true);
+  const call = { ...AT };
+  plan.explicitBegan(call); // it came ...
+  assert.equal(plan.shouldTrigger(URI, AT, 'x = x'), false);
+  plan.explicitEnded(call); // ... and was cancelled unanswered
+  assert.equal(plan.shouldTrigger(URI, AT, 'x = x'), true);
+  plan.retry(URI);
+  assert.equal(plan.shouldTrigger(URI, AT, 'x = x'), false); // the third was the last
+  plan.answered(AT, 'x', false); // answered again at the same anchor: the count stays
+  assert.equal(plan.shouldTrigger(URI, AT, 'x = x'), false);
+  const next = { ...AT, version: 8 };
+  plan.answered(next, 'y', false); // a new anchor starts afresh
+  assert.equal(plan.shouldTrigger(URI, next, 'y ='), true);
+  plan.forget(URI);
+  plan.retry(URI);
+  assert.equal(plan.shouldTrigger(URI, next, 'y = y'), false);
 });
