@@ -38,6 +38,10 @@ from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 from .split_sums import SplitSums
 
 MMA_MAX_M = 8  # one MMA's B columns
+# Registers a thread at most, by row blocks (MB): 64 keeps 32 one-warp programs an SM, 96 about 21. The
+# compiler's own choice exceeds them at some shapes (the 33B gate/up and down: capped, 7-8 % faster on the
+# H200; the 6.7B matrices compile within them and time the same; docs/awq.md "Hardware counters").
+MAX_REGISTERS = {1: 64, 2: 96}
 
 
 @dataclass(frozen=True)
@@ -272,7 +276,7 @@ def launch_mma(
         x.view(torch.int32), packed, qzeros, scales, out, acc, counts, m, per_split, N=n, K=k, GROUP=group,
         LW=load_words(group), NW=tiles.num_warps, SPLIT_K=split, DEPTH=tiles.depth,
         MB=triton.cdiv(m, MMA_MAX_M), PDL=pdl, SUMS=sums,
-        num_warps=tiles.num_warps, num_stages=1,
+        num_warps=tiles.num_warps, num_stages=1, maxnreg=MAX_REGISTERS[triton.cdiv(m, MMA_MAX_M)],
         **launch_options(pdl),
     )  # fmt: skip
     return out
