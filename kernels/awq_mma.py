@@ -38,9 +38,10 @@ from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 from .split_sums import SplitSums
 
 MMA_MAX_M = 8  # one MMA's B columns
-# Registers a thread at most, by row blocks (MB): 64 keeps 32 one-warp programs an SM, 96 about 21. The
-# compiler's own choice exceeds them at some shapes (the 33B gate/up and down: capped, 7-8 % faster on the
-# H200; the 6.7B matrices compile within them and time the same; docs/awq.md "Hardware counters").
+# Registers a thread at most, by row blocks (MB): the occupancy the kernel is built for (64: 32 one-warp
+# programs an SM fill the register file; 96: about 21). Triton 3.6 allocates exactly these at every
+# DeepSeek-Coder shape; the cap keeps another compiler from trading the programs in flight, which is what
+# streams the weights, for registers (docs/awq.md "A register cap").
 MAX_REGISTERS = {1: 64, 2: 96}
 
 
