@@ -38,11 +38,12 @@ from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 from .split_sums import SplitSums
 
 MMA_MAX_M = 8  # one MMA's B columns
-# Registers a thread at most, by row blocks (MB): the occupancy the kernel is built for (64: 32 one-warp
-# programs an SM fill the register file; 96: about 21). Triton 3.6 allocates exactly these at every
-# DeepSeek-Coder shape; the cap keeps another compiler from trading the programs in flight, which is what
-# streams the weights, for registers (docs/awq.md "A register cap").
-MAX_REGISTERS = {1: 64, 2: 96}
+# Registers a thread at most for one row block: the occupancy the kernel is built for (64 registers: 32
+# one-warp programs an SM fill the register file). Triton 3.6 compiles exactly that at every DeepSeek-Coder
+# shape (the same SASS with and without the cap); the cap keeps another compiler from trading programs in
+# flight, which are what streams the weights, for registers. Two row blocks are not capped: a cap of 96
+# (what they take) changed their schedule, unmeasured in a clean comparison (docs/awq.md "A register cap").
+MAX_REGISTERS = {1: 64}
 
 
 @dataclass(frozen=True)
@@ -277,7 +278,7 @@ def launch_mma(
         x.view(torch.int32), packed, qzeros, scales, out, acc, counts, m, per_split, N=n, K=k, GROUP=group,
         LW=load_words(group), NW=tiles.num_warps, SPLIT_K=split, DEPTH=tiles.depth,
         MB=triton.cdiv(m, MMA_MAX_M), PDL=pdl, SUMS=sums,
-        num_warps=tiles.num_warps, num_stages=1, maxnreg=MAX_REGISTERS[triton.cdiv(m, MMA_MAX_M)],
+        num_warps=tiles.num_warps, num_stages=1, maxnreg=MAX_REGISTERS.get(triton.cdiv(m, MMA_MAX_M)),
         **launch_options(pdl),
     )  # fmt: skip
     return out
