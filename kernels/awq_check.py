@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import statistics
 from collections.abc import Callable, Iterator
 
 import torch
@@ -25,6 +24,7 @@ from .awq_fragments import fragment_pack
 from .awq_gemm import AwqTiles, awq_gemm_ref, awq_skinny
 from .awq_gemv import AwqWorkspace, GemvTiles
 from .awq_mma import MmaTiles, awq_mma
+from .check_gpu import replay_us
 from .shapes import by_name
 from .skinny_gemm import SkinnyWorkspace, skinny_gemm
 
@@ -64,15 +64,7 @@ def graph_us(fn: Callable[[int], object], copies: int) -> float:
     with torch.cuda.graph(graph):
         for i in range(copies):
             fn(i)
-    times = []
-    for _ in range(15):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / copies)
-    return statistics.median(times[2:])
+    return replay_us(graph, copies)
 
 
 def split_for(blocks: int, parts: int, per_sm: int, cap: int = 32) -> int:

@@ -66,17 +66,37 @@ def time_us(make: Make, set_bytes: float, dev: torch.device) -> tuple[float, flo
     with torch.cuda.graph(graph):
         for f in launches:
             f()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    return replay_us(graph, len(launches)), err
+
+
+# Replays before timing and at least this much timed: a replay of a few large launches takes ~0.1 ms, and
+# a handful of them right after the GPU idled ran 7-8 % slower than the same code timed next (docs/awq.md
+# "A register cap").
+WARM_S = 0.03
+TIMED_S = 0.03
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, launches: int) -> float:
+    """Median microseconds per launch of `graph` (`launches` launches a replay), after WARM_S of replays;
+    at least 15 replays and TIMED_S are timed."""
+    graph.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    graph.replay()
+    torch.cuda.synchronize()
+    one = max(time.perf_counter() - t0, 1e-6)
+    for _ in range(max(3, math.ceil(WARM_S / one))):
+        graph.replay()
+    torch.cuda.synchronize()
     times = []
-    for _ in range(40):
+    for _ in range(max(15, math.ceil(TIMED_S / one))):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(launches))
-        if sum(times) > 3e5:  # 0.3 s of replays is plenty
-            break
-    return statistics.median(times[1:] or times), err
+        times.append(start.elapsed_time(end) * 1e3 / launches)
+    return statistics.median(times)
 
 
 def median_ms(fn: Call, reps: int = 10) -> float:
