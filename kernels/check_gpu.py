@@ -70,8 +70,8 @@ def time_us(make: Make, set_bytes: float, dev: torch.device) -> tuple[float, flo
 
 
 # Replays before timing and at least this much timed: a replay of a few large launches takes ~0.1 ms, and
-# a handful of them right after the GPU idled ran 7-8 % slower than the same code timed next (docs/awq.md
-# "A register cap").
+# fifteen of them, the first timed on a set of weights, ran 7-8 % slower than the same code timed next
+# (docs/awq.md "A register cap"; clocks or translation caches still settling).
 WARM_S = 0.03
 TIMED_S = 0.03
 
