@@ -7,11 +7,11 @@ import assert from 'node:assert/strict';
 import { afterEach, test } from 'node:test';
 
 import { PartialCompletion, REQUERY_RETRY_MS } from '../suggestions';
-import { fake, FakeEditor, FakePosition, FakeTokenSource, install } from './fake-vscode';
+import { fake, FakeEditor, FakePosition, install } from './fake-vscode';
+import { DEBOUNCE_MS, InlineSource, TRIGGER } from './inline-source';
 
 install();
 const { InlineStreaming } = require('../inline') as typeof import('../inline');
-const TRIGGER = 'editor.action.inlineSuggest.trigger';
 
 const URI = 'file:///w/%F0%9F%98%80.py';
 const AT: FakePosition = { line: 3, character: 9 };
@@ -131,95 +131,26 @@ test('two automatic calls at one anchor both answer at the first text; growth as
   assert.equal(t.sent.length, 1);
 });
 
-const DEBOUNCE_MS = 10;
-type Shown = { version: number; position: FakePosition; text: string | undefined; explicit: boolean };
-
-/**
- * VS Code 1.100's inline-completion source, as far as re-queries go. A fetch at the version and cursor of
- * the update in flight or of the shown result is skipped when that one is explicit or the new one is
- * automatic (`UpdateRequest.satisfies`); otherwise it cancels the update in flight. Automatic fetches
- * wait DEBOUNCE_MS first; `editor.action.inlineSuggest.trigger` fetches explicitly at once, unless
- * `dropTriggers` says to lose it. A keystroke cancels the update in flight.
- */
-class InlineSource {
-  shown: Shown | undefined;
-  fetches: { version: number; explicit: boolean }[] = [];
-  dropTriggers = 0;
-  private update: (Shown & { cancel: FakeTokenSource }) | undefined;
-
-  constructor(
-    private at: { version: number; position: FakePosition },
-    private readonly provide: (
-      version: number,
-      position: FakePosition,
-      explicit: boolean,
-      cancel: FakeTokenSource,
-    ) => Promise<{ insertText: string }[] | undefined>,
-  ) {
-    fake.onCommand = (command) => {
-      if (command !== TRIGGER) return;
-      if (this.dropTriggers > 0) this.dropTriggers -= 1;
-      else void this.fetch(true);
-    };
-  }
-
-  private satisfies(by: Shown | undefined, explicit: boolean): boolean {
-    return (
-      by !== undefined &&
-      by.version === this.at.version &&
-      by.position.line === this.at.position.line &&
-      by.position.character === this.at.position.character &&
-      (!explicit || by.explicit)
-    );
-  }
-
-  async fetch(explicit: boolean): Promise<void> {
-    if (this.satisfies(this.update, explicit) || this.satisfies(this.shown, explicit)) return;
-    this.cancel();
-    const update = { ...this.at, text: undefined, explicit, cancel: new fake.CancellationTokenSource() };
-    this.update = update;
-    if (!explicit) await sleep(DEBOUNCE_MS);
-    if (update.cancel.isCancelled) return;
-    this.fetches.push({ version: update.version, explicit });
-    const result = await this.provide(update.version, update.position, explicit, update.cancel);
-    if (update.cancel.isCancelled) return;
-    this.update = undefined;
-    this.shown = {
-      version: update.version,
-      position: update.position,
-      text: result?.[0]?.insertText,
-      explicit,
-    };
-  }
-
-  /** The user typed: a new version and cursor, and an automatic fetch there. */
-  type(version: number, position: FakePosition): Promise<void> {
-    this.at = { version, position };
-    this.cancel();
-    return this.fetch(false);
-  }
-
-  /** VS Code drops the update in flight (as it does when it stops asking). */
-  cancel(): void {
-    this.update?.cancel.cancel();
-    this.update = undefined;
-  }
-}
-
 function vscodeOn(t: ReturnType<typeof setup>, version: number) {
   return new InlineSource({ version, position: AT }, (v, position, explicit, cancel) =>
     t.provide(v, position, { explicit, vscodeToken: cancel }),
   );
 }
 
-test('in VS Code 1.100 the streamed suggestion reaches the screen whole, in two answers', async () => {
+/** VS Code at version 2 and AT: its automatic fetch, answered with the request's first partial `text`. */
+async function shownAutomatically(text: string) {
   const t = setup();
   fake.window.activeTextEditor = t.editorAt(2, AT);
   const source = vscodeOn(t, 2);
   const typed = source.fetch(false);
   await sleep(DEBOUNCE_MS);
-  t.inline.onPartial(t.partial(7, 2, 'self'));
+  t.inline.onPartial(t.partial(7, 2, text));
   await typed;
+  return { t, source };
+}
+
+test('in VS Code 1.100 the streamed suggestion reaches the screen whole, in two answers', async () => {
+  const { t, source } = await shownAutomatically('self');
   assert.deepEqual(source.shown, { version: 2, position: AT, text: 'self', explicit: false });
   for (const text of ['self.x', 'self.x = x', 'self.x = x\n    self.y']) {
     t.inline.onPartial(t.partial(7, 2, text));
@@ -242,13 +173,7 @@ test('in VS Code 1.100 the streamed suggestion reaches the screen whole, in two 
 });
 
 test('a trigger that crosses a keystroke lands on the new version: that call shows all of it', async () => {
-  const t = setup();
-  fake.window.activeTextEditor = t.editorAt(2, AT);
-  const source = vscodeOn(t, 2);
-  const typed = source.fetch(false);
-  await sleep(DEBOUNCE_MS);
-  t.inline.onPartial(t.partial(7, 2, 'self'));
-  await typed;
+  const { t, source } = await shownAutomatically('self');
   // The user types `self.`; this side still sees version 2 when the text grows, and triggers.
   const after = { line: AT.line, character: AT.character + 5 };
   void source.type(3, after);
@@ -280,13 +205,7 @@ test('a trigger that crosses a keystroke lands on the new version: that call sho
 });
 
 test('a trigger that brings no call is sent again after REQUERY_RETRY_MS', async () => {
-  const t = setup();
-  fake.window.activeTextEditor = t.editorAt(2, AT);
-  const source = vscodeOn(t, 2);
-  const typed = source.fetch(false);
-  await sleep(DEBOUNCE_MS);
-  t.inline.onPartial(t.partial(7, 2, 'x'));
-  await typed;
+  const { t, source } = await shownAutomatically('x');
   source.dropTriggers = 1;
   t.inline.onPartial(t.partial(7, 2, 'x = x', true));
   assert.deepEqual(fake.executed, [TRIGGER]);
@@ -301,13 +220,7 @@ test('a trigger that brings no call is sent again after REQUERY_RETRY_MS', async
 });
 
 test('a re-query VS Code cancels unanswered is asked again while the cursor stays, not after it moved', async () => {
-  const t = setup();
-  fake.window.activeTextEditor = t.editorAt(2, AT);
-  const source = vscodeOn(t, 2);
-  const typed = source.fetch(false);
-  await sleep(DEBOUNCE_MS);
-  t.inline.onPartial(t.partial(7, 2, 'x'));
-  await typed;
+  const { t, source } = await shownAutomatically('x');
   t.inline.onPartial(t.partial(7, 2, 'x ='));
   assert.deepEqual(source.fetches.at(-1), { version: 2, explicit: true });
   source.cancel();
