@@ -154,19 +154,14 @@ async def bench_server(argv: list[str], folder: Path, plan: Plan, settings: dict
 def awq_twin(model: tuple[str, Path, str], tmp: Path, group_size: int) -> tuple[str, Path, str]:
     """The model quantized to INT4 AWQ by `lsp-dscoder quantize --method rtn` (activation-aware scales
     would be searched on random weights for nothing): the same weights, the packed fast path."""
+    from lsp_dscoder.engine.config import resolve
     from lsp_dscoder.quantize import QuantizeOptions, quantize_checkpoint
 
     label, folder, device = model
     dst = tmp / f"{folder.name}-awq"
-    where = "cuda" if device in ("auto", "cuda") and _cuda() else "cpu"
+    where, _ = resolve(device, None)  # the server's own reading of "auto"
     quantize_checkpoint(folder, dst, QuantizeOptions(group_size=group_size, method="rtn", device=where))
     return f"{label}, INT4 AWQ (RTN, group {group_size})", dst, device
-
-
-def _cuda() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
 
 
 def server_argv(folder: Path, device: str | None, dtype: str | None) -> list[str]:
