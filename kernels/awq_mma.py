@@ -43,7 +43,7 @@ MMA_MAX_M = 8  # one MMA's B columns
 # shape (the same SASS with and without the cap); the cap keeps another compiler from trading programs in
 # flight, which are what streams the weights, for registers. Two row blocks are not capped: a cap of 96
 # (what they take) changed their schedule, unmeasured in a clean comparison (docs/awq.md "A register cap").
-MAX_REGISTERS = {1: 64}
+ONE_BLOCK_REGISTERS = 64
 
 
 @dataclass(frozen=True)
@@ -278,7 +278,7 @@ def launch_mma(
         x.view(torch.int32), packed, qzeros, scales, out, acc, counts, m, per_split, N=n, K=k, GROUP=group,
         LW=load_words(group), NW=tiles.num_warps, SPLIT_K=split, DEPTH=tiles.depth,
         MB=triton.cdiv(m, MMA_MAX_M), PDL=pdl, SUMS=sums,
-        num_warps=tiles.num_warps, num_stages=1, maxnreg=MAX_REGISTERS.get(triton.cdiv(m, MMA_MAX_M)),
+        num_warps=tiles.num_warps, num_stages=1, maxnreg=ONE_BLOCK_REGISTERS if m <= MMA_MAX_M else None,
         **launch_options(pdl),
     )  # fmt: skip
     return out
