@@ -122,6 +122,18 @@ class Engine:
         CompletionHandle.PICKUP_S): for a submitter on an event loop, whose work after the submit would
         otherwise hold the interpreter while the woken engine thread waits for it and the device idles.
         On the CPU the forward is the engine thread's own work: nothing to overlap, no wait."""
+        request = self.validate(request)
+        handle = CompletionHandle(request)
+        with self._lock:
+            self._counters["requests"] += 1
+        self._queue.put(handle)
+        if hand_off and self.device.type == "cuda":
+            handle.wait_launched(handle.PICKUP_S)
+        return handle
+
+    def validate(self, request: CompletionRequest) -> CompletionRequest:
+        """The checks of `submit`, nothing queued: raises what `submit` would raise, else returns the
+        request as `submit` would queue it (prompt ids as an int64 array)."""
         if self._closed:
             raise EngineClosedError("the engine has been shut down")
         vocab = self.model_config.vocab_size
@@ -143,13 +155,7 @@ class Engine:
         if not self.tokenizer.can_heal(request.heal_text):
             heal = request.heal_text
             raise EngineError(f"heal_text {heal!r} cannot be spelled by whole tokens of this vocabulary")
-        handle = CompletionHandle(request)
-        with self._lock:
-            self._counters["requests"] += 1
-        self._queue.put(handle)
-        if hand_off and self.device.type == "cuda":
-            handle.wait_launched(handle.PICKUP_S)
-        return handle
+        return request
 
     def complete(self, request: CompletionRequest, timeout: float | None = None) -> Completion:
         return self.submit(request).result(timeout)

@@ -96,6 +96,7 @@ async def type_document(client: RpcClient, uri: str, doc: Document, plan: Plan) 
         trips.append(c)
     keys: list[Key] = []
     previous, script = cold, 0
+    warm_before, typing_from = await _keep_warm(client, plan), time.monotonic()
     for k in range(plan.keystrokes):
         shown = previous.shown
         through = bool(shown) and shown[0] not in "\r\n" and k % 4 in (2, 3)
@@ -117,9 +118,25 @@ async def type_document(client: RpcClient, uri: str, doc: Document, plan: Plan) 
         previous = c
     for key in keys:
         await client.wait(key.call, plan.timeout_s)
+    typing_s = time.monotonic() - typing_from
+    warm_after = await _keep_warm(client, plan)
     await _records(client, [cold, *(key.call for key in keys)], plan.timeout_s)
     await client.notify("textDocument/didClose", {"textDocument": {"uri": uri}})
-    return summarize(doc, cold, trips, keys, client)
+    warm = {
+        "interval_ms": warm_after["intervalMs"],
+        "replays": warm_after["replays"] - warm_before["replays"],
+        "busy_ms": warm_after["busyMs"] - warm_before["busyMs"],
+        "typing_s": typing_s,
+    }
+    return {**summarize(doc, cold, trips, keys, client), "keep_warm": warm}
+
+
+async def _keep_warm(client: RpcClient, plan: Plan) -> dict[str, Any]:
+    """The server's keep-warm counters (keep_warm.py), read by a stats request (itself not a keystroke)."""
+    c = await client.request("dscoder/stats", {"recent": 0})
+    await client.wait(c, plan.timeout_s)
+    assert c.response is not None
+    return dict(c.response["result"]["keepWarm"])
 
 
 async def _records(client: RpcClient, calls: list[Call], timeout: float) -> None:

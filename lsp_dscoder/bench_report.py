@@ -125,3 +125,11 @@ def print_report(report: dict[str, Any]) -> None:
                 f"({d['suggestions']} with a suggestion, {d['cancelled']} cancelled, {d['errors']} errors), "
                 f"{d['stale']} stale; {d['typed_through']} typed through; sources: {src}"
             )
+            if (w := d.get("keep_warm")) and w["replays"]:
+                print(
+                    f"{d['size']}: keep warm every {w['interval_ms']} ms while typing: "
+                    f"{w['replays']} replays, "
+                    f"{w['busy_ms']:.0f} ms busy over {w['typing_s']:.1f} s of typing "
+                    f"({100 * w['busy_ms'] / 1e3 / w['typing_s']:.1f} % of one core, "
+                    f"{1e3 * w['busy_ms'] / w['replays']:.0f} us a replay)"
+                )

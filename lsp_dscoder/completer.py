@@ -66,6 +66,11 @@ class Started:
             self.gen.detach(self.sub)
 
 
+def _stop(ctx: CursorContext) -> tuple[str, ...]:
+    """Stop strings of a request: a cursor inside a line's text completes that line only."""
+    return ("\n",) if ctx.single_line else ()
+
+
 class Completer:
     def __init__(self, host: EngineHost, settings: Settings, stats: Stats) -> None:
         self.host = host
@@ -109,6 +114,31 @@ class Completer:
     def close_all(self) -> None:
         for uri in list(self.sessions):
             self.closed(uri)
+
+    def rehearse(self, snap: Snapshot) -> None:
+        """What `begin` does for `snap` up to the engine, and what a suggestion's first text goes through,
+        done and thrown away (keep_warm.py); only while the document's prompt head holds, so nothing is
+        tokenised anew. Changes nothing but caches (tokenised context, checked prompt ids)."""
+        session = self.sessions.get(snap.uri)
+        if session is None or session.head is None or not self.host.ready:
+            return
+        gen = session.generation
+        if gen is not None:
+            gen.typed_through(snap.text, snap.cursor)
+        prompt = self._prompt_builder().extend(snap.text, snap.cursor, session.head, session.cached_pieces())
+        if prompt is None:
+            return
+        ctx = CursorContext.at(snap.text, snap.cursor)
+        self.host.validate(
+            prompt.ids,
+            max_tokens=self.settings.max_tokens,
+            stop=_stop(ctx),
+            slot_key=snap.uri,
+            heal_text=prompt.heal_text,
+        )
+        shaper = Shaper(ctx)
+        shaper.feed(gen.shaper.text[:8] if gen is not None and gen.shaper.text else "x")
+        shaper.first_line_ready(0)
 
     def begin(self, snap: Snapshot, request_id: Any, send_partial: SendPartial) -> Started:
         """Start answering `snap` now (typing through, latest wins, the prompt and the engine's submit run
@@ -174,7 +204,7 @@ class Completer:
             handle = self.host.submit(
                 prompt.ids,
                 max_tokens=s.max_tokens,
-                stop=("\n",) if ctx.single_line else (),
+                stop=_stop(ctx),
                 slot_key=snap.uri,
                 deadline=deadline,
                 heal_text=prompt.heal_text,

@@ -25,6 +25,13 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 _SYNC = (types.TEXT_DOCUMENT_DID_OPEN, types.TEXT_DOCUMENT_DID_CHANGE)
+PARTIAL_COMPLETION = "dscoder/partialCompletion"
+
+
+def json_message(method: str, params: dict[str, Any]) -> bytes:
+    """A notification with plain JSON params, framed."""
+    body = json.dumps({"jsonrpc": "2.0", "method": method, "params": params}).encode()
+    return b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
 
 
 class _Refused:
@@ -150,10 +157,8 @@ class DocumentProtocol(DscoderProtocol):
     def notify_json(self, method: str, params: dict[str, Any]) -> None:
         """A notification whose params are plain JSON values, written as one message without pygls'
         structuring: `dscoder/partialCompletion` goes out for every change of the visible text."""
-        if self.writer is None:
-            return
-        body = json.dumps({"jsonrpc": "2.0", "method": method, "params": params}).encode()
-        self.writer.write(b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        if self.writer is not None:
+            self.writer.write(json_message(method, params))
 
     def _handle_cancel_notification(self, msg_id: Any) -> None:
         if msg_id not in self._request_futures:

@@ -131,21 +131,39 @@ class EngineHost:
         deadline: float | None,
         heal_text: str = "",
     ) -> Handle:
+        assert self.engine is not None, "submit() before the engine is ready"
+        request = self._request(prompt_ids, max_tokens, stop, slot_key, deadline, heal_text)
+        # Called on the event loop, which builds the request's consumer next: the engine thread starts first.
+        return self.engine.submit(request, hand_off=True)
+
+    def validate(
+        self, ids: Sequence[int], *, max_tokens: int, stop: tuple[str, ...], slot_key: str, heal_text: str
+    ) -> None:
+        """The request `submit` would send, built and checked by the engine, not sent (keep_warm.py)."""
+        assert self.engine is not None, "validate() before the engine is ready"
+        self.engine.validate(self._request(ids, max_tokens, stop, slot_key, None, heal_text))
+
+    def _request(
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        stop: tuple[str, ...],
+        slot_key: str,
+        deadline: float | None,
+        heal_text: str,
+    ) -> Any:
         from lsp_dscoder import engine as api  # already imported by the load
 
-        assert self.engine is not None, "submit() before the engine is ready"
         params = self._params.get((max_tokens, stop))
         if params is None:  # the same few on every keystroke: built (and validated) once
             params = self._params[max_tokens, stop] = api.SamplingParams(max_tokens=max_tokens, stop=stop)
-        request = api.CompletionRequest(
+        return api.CompletionRequest(
             prompt_ids=prompt_ids,  # an array('q') from the prompt builder: taken as it is
             params=params,
             slot_key=slot_key,
             deadline=deadline,
             heal_text=heal_text,
         )
-        # Called on the event loop, which builds the request's consumer next: the engine thread starts first.
-        return self.engine.submit(request, hand_off=True)
 
     def stats(self) -> dict[str, Any]:
         return dict(self.engine.stats()) if self.engine is not None else {}

@@ -103,14 +103,8 @@ class PromptBuilder:
         """The prompt for a cursor at `cursor` (an offset into `text`). Pass the previous prompt's `head`
         and the pieces the engine's slot holds after it (`known`) to keep the prompt append-only.
         `context` is called only when the head has to be rebuilt."""
-        if head is not None and self._head_valid(head, text, cursor):
-            middle = text[head.anchor : cursor]
-            heal = self._heal(middle)
-            pieces, taken = cut_known(self.tokenizer, middle[: heal.cut], known)
-            pieces += self._tail(middle, heal)
-            if len(pieces) <= self.budgets.middle_tokens:
-                ids = head.ids + array("q", [p.token_id for p in pieces])
-                return Prompt(ids, head, True, middle, pieces, taken, heal.text)
+        if head is not None and (prompt := self.extend(text, cursor, head, known)) is not None:
+            return prompt
         anchor = _line_start(text, cursor, max(0, cursor - self._chars(self.budgets.middle_tokens)))
         middle = "" if anchor is None else text[anchor:cursor]
         heal = self._heal(middle)
@@ -123,6 +117,20 @@ class PromptBuilder:
         cut_ids = middle_ids[: len(middle_ids) - len(heal.tail_ids)]
         pieces = pieces_of(self.tokenizer, middle[: heal.cut], cut_ids) + self._tail(middle, heal)
         return Prompt(new_head.ids + array("q", middle_ids), new_head, False, middle, pieces, 0, heal.text)
+
+    def extend(self, text: str, cursor: int, head: Head, known: Sequence[Piece] = ()) -> Prompt | None:
+        """The prompt that keeps `head` and appends the middle (the typing case), or None when the head no
+        longer holds or the middle outgrew its budget (then `build` makes a new head)."""
+        if not self._head_valid(head, text, cursor):
+            return None
+        middle = text[head.anchor : cursor]
+        heal = self._heal(middle)
+        pieces, taken = cut_known(self.tokenizer, middle[: heal.cut], known)
+        pieces += self._tail(middle, heal)
+        if len(pieces) > self.budgets.middle_tokens:
+            return None
+        ids = head.ids + array("q", [p.token_id for p in pieces])
+        return Prompt(ids, head, True, middle, pieces, taken, heal.text)
 
     def _heal(self, middle: str) -> _Heal:
         """What of the middle is left to the model: its last word (with the one space before it that

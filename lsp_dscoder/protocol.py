@@ -19,18 +19,19 @@ from pygls.uris import to_fs_path
 
 from lsp_dscoder import __version__
 from lsp_dscoder.completer import Completer, Snapshot
-from lsp_dscoder.dispatch import DocumentProtocol, Starter
+from lsp_dscoder.dispatch import PARTIAL_COMPLETION, DocumentProtocol, Starter
 from lsp_dscoder.documents import Change, Document, Documents, Edit
 from lsp_dscoder.engine_host import EngineHost
 from lsp_dscoder.errors import DocumentNotOpenError, DocumentSyncError
+from lsp_dscoder.keep_warm import KeepWarm
 from lsp_dscoder.positions import Encoding
 from lsp_dscoder.prompt import ContextFile
 from lsp_dscoder.settings import CompletionFallback, Settings
 from lsp_dscoder.stats import Stats
 
-PARTIAL_COMPLETION = "dscoder/partialCompletion"
 STATS = "dscoder/stats"
 
+__all__ = ["PARTIAL_COMPLETION", "STATS", "DscoderServer"]
 log = logging.getLogger(__name__)
 
 
@@ -54,6 +55,7 @@ class DscoderServer(LanguageServer):
         self.configuring: asyncio.Future[None] | None = None  # settings being asked of the client
         self._progress_ids = itertools.count(1)
         self._encoding: Encoding | None = None
+        self.keep_warm = KeepWarm(self)
 
     def report_server_error(self, error: Exception, source: Any) -> None:
         if source is FeatureRequestError:

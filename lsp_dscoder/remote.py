@@ -94,14 +94,7 @@ class RemoteBackend:
 
     # -- the engine API ------------------------------------------------------------------------------
     def submit(self, request: CompletionRequest, hand_off: bool = False) -> RemoteHandle:
-        if self._closed:
-            raise EngineClosedError("the remote backend has been shut down")
-        n = len(request.prompt_ids)
-        if n == 0:
-            raise EngineError("empty prompt: at least one token (e.g. BOS) is required")
-        if n > self.max_context:
-            raise ContextOverflowError(f"prompt of {n} tokens exceeds the max context of {self.max_context}")
-        wire = self._writer.wire(request, self.model)  # EngineError for a token id outside the vocabulary
+        wire = self._wire(request)
         self.health.check()  # EndpointDownError while the endpoint is down and its retry has not come
         with self._lock:
             self._counters["requests"] += 1
@@ -115,6 +108,22 @@ class RemoteBackend:
             except RuntimeError:  # the loop has closed
                 raise EngineClosedError("the remote backend has been shut down") from None
         return handle
+
+    def validate(self, request: CompletionRequest) -> CompletionRequest:
+        """The checks of `submit` (its request body encoded too), nothing sent: raises what `submit` would
+        raise for the request itself."""
+        self._wire(request)
+        return request
+
+    def _wire(self, request: CompletionRequest) -> Wire:
+        if self._closed:
+            raise EngineClosedError("the remote backend has been shut down")
+        n = len(request.prompt_ids)
+        if n == 0:
+            raise EngineError("empty prompt: at least one token (e.g. BOS) is required")
+        if n > self.max_context:
+            raise ContextOverflowError(f"prompt of {n} tokens exceeds the max context of {self.max_context}")
+        return self._writer.wire(request, self.model)  # EngineError for a token id outside the vocabulary
 
     def complete(self, request: CompletionRequest, timeout: float | None = None) -> Completion:
         return self.submit(request).result(timeout)

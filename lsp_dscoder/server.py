@@ -221,11 +221,13 @@ def create_server(base: Settings) -> DscoderServer:
             "engine": ls.host.stats(),
             "requests": ls.stats.as_dict() if recent is None else ls.stats.as_dict(recent),
             "settings": settings_mod.to_json(ls.settings),
+            "keepWarm": ls.keep_warm.stats(),
         }
 
     @ls.feature(types.SHUTDOWN)
     def shutdown(ls: DscoderServer, params: None) -> None:
         ls.shutdown_requested = True
+        ls.keep_warm.close()
         ls.completer.close_all()
 
     @ls.feature(types.EXIT)

@@ -124,9 +124,9 @@ def run(args: argparse.Namespace) -> int:
         ls.protocol.warm()
     try:
         if args.tcp:
-            transport.serve_tcp(ls, args.host, args.port)
+            transport.serve_tcp(ls, args.host, args.port, ls.keep_warm.saw)
         else:
-            transport.serve_stdio(ls, sys.stdin.buffer, _protocol_stdout())
+            transport.serve_stdio(ls, sys.stdin.buffer, _protocol_stdout(), ls.keep_warm.saw)
     except transport.ListenError as exc:
         logging.getLogger(__name__).error("%s", exc)
         return 2

@@ -80,6 +80,7 @@ class Settings:
     debounce_ms: int = 0  # wait this long before submitting (0: no debounce)
     deadline_ms: int | None = None  # stop decoding this long after submission (None: no deadline)
     completion_fallback: CompletionFallback = CompletionFallback.AUTO
+    keep_warm_ms: int = 3  # while typing, replay the last keystroke's server work this often (0: off)
     # Backend: changing any of these reloads it. `model` still names the tokenizer for "remote".
     backend: BackendKind = BackendKind.LOCAL
     endpoint: str | None = None  # remote: http(s)://host:port of the serving engine
@@ -167,6 +168,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "debounce_ms": _int_in(0, 10_000),
     "deadline_ms": _optional(_int_in(1, 3_600_000)),
     "completion_fallback": _enum(CompletionFallback),
+    "keep_warm_ms": _int_in(0, 1000),
     "backend": _enum(BackendKind),
     "endpoint": _optional(_text(r"https?://[^/?#@\s]+(/[^?#\s]*)?", "an http(s)://host:port URL")),
     "remote_model": _optional(_text(_NOT_BLANK, "a model name")),

@@ -31,6 +31,7 @@ from lsp_dscoder.framing import Framer, HeaderTooLong
 
 log = logging.getLogger(__name__)
 READ_SIZE = 1 << 16
+Seen = Callable[[Any, bytes], None]
 
 
 class ListenError(Exception):
@@ -70,10 +71,12 @@ def _valid_id(value: Any) -> bool:
 
 
 class Dispatcher:
-    """Hands each message body to pygls; returns False once the server has been told to exit."""
+    """Hands each message body to pygls; returns False once the server has been told to exit. `seen`
+    (method, body) is told of each well-formed message first."""
 
-    def __init__(self, server: JsonRPCServer) -> None:
+    def __init__(self, server: JsonRPCServer, seen: Seen | None = None) -> None:
         self._server = server
+        self._seen = seen
 
     def __call__(self, body: bytes) -> bool:
         protocol = self._server.protocol
@@ -85,6 +88,8 @@ class Dispatcher:
         if (problem := envelope_problem(data)) is not None:
             self._refuse(data, problem)
             return True
+        if self._seen is not None:
+            self._seen(data.get("method"), body)
         try:
             protocol.handle_message(protocol.structure_message(data))
         except SystemExit:  # pygls ends the `exit` notification with sys.exit()
@@ -198,13 +203,13 @@ class Wire(asyncio.Protocol):
             self._done.set_result(None)
 
 
-def serve_stdio(server: JsonRPCServer, stdin: BinaryIO, stdout_fd: int) -> None:
+def serve_stdio(server: JsonRPCServer, stdin: BinaryIO, stdout_fd: int, seen: Seen | None = None) -> None:
     """Serve one client on stdin and `stdout_fd` until it exits or closes either pipe."""
     loop = new_loop()
 
     async def main() -> None:
         done: asyncio.Future[None] = loop.create_future()
-        wire = Wire(Dispatcher(server), done, tcp=False)
+        wire = Wire(Dispatcher(server, seen), done, tcp=False)
         server.protocol.set_writer(PipeWriter(stdout_fd, wire.end))
         fd = stdin.fileno()
         was_blocking = os.get_blocking(fd)
@@ -229,7 +234,7 @@ async def _pump_file(loop: asyncio.AbstractEventLoop, fd: int, wire: Wire) -> No
     wire.eof_received()
 
 
-def serve_tcp(server: JsonRPCServer, host: str, port: int) -> None:
+def serve_tcp(server: JsonRPCServer, host: str, port: int, seen: Seen | None = None) -> None:
     """Serve the first client that connects until it leaves; refuse every other connection meanwhile.
     Raises ListenError when the address cannot be bound."""
     loop = new_loop()
@@ -242,7 +247,7 @@ def serve_tcp(server: JsonRPCServer, host: str, port: int) -> None:
         def connection() -> asyncio.Protocol:
             nonlocal client
             if client is None:
-                client = _Client(Dispatcher(server), done, server)
+                client = _Client(Dispatcher(server, seen), done, server)
                 return client
             refusals_made()
             return _Refused()

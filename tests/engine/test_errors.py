@@ -129,23 +129,28 @@ def test_bad_engine_config_values() -> None:
         SamplingParams(max_tokens=-1)
 
 
-def test_bad_requests_are_refused_and_engine_keeps_serving(tiny_model: Path) -> None:
+@pytest.mark.parametrize("method", ["submit", "validate"])
+def test_bad_requests_are_refused_and_engine_keeps_serving(tiny_model: Path, method: str) -> None:
     with load(tiny_model) as eng:
+        send = getattr(eng, method)  # validate: the same checks, nothing queued
         with pytest.raises(ContextOverflowError, match="prompt of 65 tokens exceeds the max context of 64"):
-            eng.submit(CompletionRequest(prompt_ids=(eng.tokenizer.bos_id,) * 65))
+            send(CompletionRequest(prompt_ids=(eng.tokenizer.bos_id,) * 65))
         with pytest.raises(EngineError, match="empty prompt"):
-            eng.submit(CompletionRequest(prompt_ids=()))
+            send(CompletionRequest(prompt_ids=()))
         with pytest.raises(EngineError, match="token id 99999 is outside the vocabulary"):
-            eng.submit(CompletionRequest(prompt_ids=(1, 99999)))
+            send(CompletionRequest(prompt_ids=(1, 99999)))
         with pytest.raises(EngineError, match="token id -1 is outside the vocabulary"):
-            eng.submit(CompletionRequest(prompt_ids=(1, -1)))
+            send(CompletionRequest(prompt_ids=(1, -1)))
         with pytest.raises(EngineError, match=r"token ids must be integers, got 2\.0"):
-            eng.submit(CompletionRequest(prompt_ids=(1, 2.0)))  # type: ignore[arg-type]
+            send(CompletionRequest(prompt_ids=(1, 2.0)))  # type: ignore[arg-type]
         with pytest.raises(EngineError, match=f"token id {2**70} is outside the vocabulary"):
-            eng.submit(CompletionRequest(prompt_ids=(1, 2**70)))
-        ok = eng.complete(
-            CompletionRequest(prompt_ids=(eng.tokenizer.bos_id, 40, 41), params=SamplingParams(max_tokens=2))
-        )
+            send(CompletionRequest(prompt_ids=(1, 2**70)))
+        bos = eng.tokenizer.bos_id
+        good = CompletionRequest(prompt_ids=(bos, 40, 41), params=SamplingParams(max_tokens=2))
+        requests = eng.stats()["requests"]
+        checked = eng.validate(good)
+        assert list(checked.prompt_ids) == [bos, 40, 41] and eng.stats()["requests"] == requests
+        ok = eng.complete(good)
         assert ok.stats.prefilled_tokens == 3
 
 
