@@ -5,14 +5,16 @@ and three to twelve times that when it runs after the 100-200 ms pause between t
 pause other work on the machine evicts the code and data from the CPU caches (docs/benchmarks.md, "Cold
 code"), whether the server's thread sleeps or spins. So while a typing burst lasts, the server replays
 the side-effect-free part of the last keystroke every `keepWarmMs` on the event loop: it frames and parses
-the keystroke's own messages again, applies its edit (and the edit's undo) to a shadow copy of the
-document, structures the completion request, locates its position, builds its prompt from the session's
-cached head (never a new one: nothing is tokenised) and serialises a partial, and throws all of it away.
-The next keystroke finds that code and data in the caches. Nothing a replay does reaches the client, the
-documents, the sessions or the engine.
+the keystroke's own messages again, types a character into a shadow copy of the document (deleted by the
+next replay), structures the completion request, locates its position, asks the running suggestion
+whether the text types through it, extends the prompt from the session's cached head (never a new head:
+nothing is tokenised), has the backend check the request (`Backend.validate`), runs the stop rules on the
+suggestion's first characters and encodes a partial; and throws all of it away. The next keystroke finds
+that code and data in the caches. Nothing a replay does reaches the client, the documents, the sessions
+or the engine; only caches (tokenised context, checked prompt ids) see it.
 
 A burst ends `WINDOW_S` after the last keystroke; outside a burst nothing runs, so an idle server costs
-nothing. `dscoder/stats` reports the replays and the time they took.
+nothing. `dscoder/stats` reports the replays and their CPU time.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ class Settings:
     debounce_ms: int = 0  # wait this long before submitting (0: no debounce)
     deadline_ms: int | None = None  # stop decoding this long after submission (None: no deadline)
     completion_fallback: CompletionFallback = CompletionFallback.AUTO
-    keep_warm_ms: int = 3  # while typing, replay the last keystroke's server work this often (0: off)
+    keep_warm_ms: int = 5  # while typing, replay the last keystroke's server work this often (0: off)
     # Backend: changing any of these reloads it. `model` still names the tokenizer for "remote".
     backend: BackendKind = BackendKind.LOCAL
     endpoint: str | None = None  # remote: http(s)://host:port of the serving engine

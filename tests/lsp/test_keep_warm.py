@@ -143,9 +143,9 @@ async def test_a_replay_at_a_position_past_the_copy_takes_a_new_copy() -> None:
 
 
 def test_the_setting() -> None:
-    assert DEFAULTS.keep_warm_ms == 3
+    assert DEFAULTS.keep_warm_ms == 5
     assert parse({"keepWarmMs": 0}) == (DEFAULTS.__class__(keep_warm_ms=0), [])
     settings, problems = parse({"keepWarmMs": -1})
-    assert settings.keep_warm_ms == 3
-    expected = "expected an integer in [0, 1000], got -1; using the default 3"
+    assert settings.keep_warm_ms == 5
+    expected = "expected an integer in [0, 1000], got -1; using the default 5"
     assert problems == [f"dscoder: setting 'keepWarmMs': {expected}"]
