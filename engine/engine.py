@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,7 @@ from lsp_dscoder.engine.generate import generate
 from lsp_dscoder.engine.handle import CompletionHandle
 from lsp_dscoder.engine.prefix import VocabularyCheck, out_of_vocabulary, token_ids
 from lsp_dscoder.engine.tokenizer import Tokenizer
+from lsp_dscoder.engine.warm import WINDOW_S, rehearse
 from lsp_dscoder.engine.weights import load_weights
 
 log = logging.getLogger(__name__)
@@ -53,10 +55,14 @@ class Engine:
                 "reused_tokens",
                 "prefilled_tokens",
                 "generated_tokens",
+                "warm_replays",
             ),
             0,
         )
         self._ttfts: deque[float] = deque(maxlen=1000)
+        self._warm_interval: float | None = None  # keep_warm()
+        self._warm_busy_s = 0.0
+        self._last: tuple[CompletionRequest, float] | None = None  # the last request served, and when
         loaded = threading.Event()
         failure: list[BaseException] = []
 
@@ -169,6 +175,7 @@ class Engine:
                 f"p{q}": 1e3 * ttfts[min(len(ttfts) - 1, int(q / 100 * len(ttfts)))] for q in (50, 90, 99)
             }
         out["slots"] = [len(s.tokens) for s in self.cache.slots]
+        out["warm_busy_ms"] = round(1e3 * self._warm_busy_s, 3)
         return out
 
     def close(self) -> None:
@@ -183,8 +190,37 @@ class Engine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def keep_warm(self, interval_s: float | None) -> None:
+        """While requests keep coming (one in the last `warm.WINDOW_S`), replay the host work of the last
+        one's first token on the idle engine thread every `interval_s` (engine/warm.py); None: never."""
+        if interval_s is not None and not interval_s > 0:
+            raise ValueError(f"keep-warm interval must be > 0 seconds or None, got {interval_s!r}")
+        self._warm_interval = interval_s
+
+    def _next(self) -> CompletionHandle | None:
+        """The next queued request; while waiting for it within a burst, keep-warm replays."""
+        if self._last is not None:  # the burst's window counts from the end of the last request
+            self._last = (self._last[0], time.monotonic())
+        while True:
+            interval, last = self._warm_interval, self._last
+            if interval is None or last is None or time.monotonic() - last[1] > WINDOW_S:
+                return self._queue.get()
+            try:
+                return self._queue.get(timeout=interval)
+            except queue.Empty:
+                started = time.thread_time()
+                try:
+                    rehearse(last[0], self.cache, self.tokenizer)
+                except Exception:  # a replay must never stop the engine thread
+                    log.exception("keep-warm replay failed; replays stop")
+                    self._warm_interval = None
+                self._warm_busy_s += time.thread_time() - started
+                with self._lock:
+                    self._counters["warm_replays"] += 1
+
     def _loop(self) -> None:
-        while (handle := self._queue.get()) is not None:
+        while (handle := self._next()) is not None:
+            self._last = (handle.request, time.monotonic())
             try:
                 result = generate(
                     handle.request,

@@ -126,17 +126,26 @@ async def type_document(client: RpcClient, uri: str, doc: Document, plan: Plan) 
         "interval_ms": warm_after["intervalMs"],
         "replays": warm_after["replays"] - warm_before["replays"],
         "busy_ms": warm_after["busyMs"] - warm_before["busyMs"],
+        "engine_replays": warm_after["engineReplays"] - warm_before["engineReplays"],
+        "engine_busy_ms": warm_after["engineBusyMs"] - warm_before["engineBusyMs"],
         "typing_s": typing_s,
     }
     return {**summarize(doc, cold, trips, keys, client), "keep_warm": warm}
 
 
 async def _keep_warm(client: RpcClient, plan: Plan) -> dict[str, Any]:
-    """The server's keep-warm counters (keep_warm.py), read by a stats request (itself not a keystroke)."""
+    """The keep-warm counters of the server (keep_warm.py) and of the engine thread (engine/warm.py),
+    read by a stats request (itself not a keystroke)."""
     c = await client.request("dscoder/stats", {"recent": 0})
     await client.wait(c, plan.timeout_s)
     assert c.response is not None
-    return dict(c.response["result"]["keepWarm"])
+    result = c.response["result"]
+    engine = result.get("engine") or {}  # the engine thread's own replays (a remote backend has none)
+    return {
+        **result["keepWarm"],
+        "engineReplays": engine.get("warm_replays", 0),
+        "engineBusyMs": engine.get("warm_busy_ms", 0.0),
+    }
 
 
 async def _records(client: RpcClient, calls: list[Call], timeout: float) -> None:

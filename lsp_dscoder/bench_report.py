@@ -103,6 +103,13 @@ def summarize(
     }
 
 
+def _engine_replays(w: dict[str, Any]) -> str:
+    if not w.get("engine_replays"):
+        return ""
+    share = 100 * w["engine_busy_ms"] / 1e3 / w["typing_s"]
+    return f"; engine thread: {w['engine_replays']} replays, {w['engine_busy_ms']:.0f} ms ({share:.1f} %)"
+
+
 def _cell(d: dict[str, Any]) -> str:
     if not d["n"]:
         return "n/a"
@@ -131,5 +138,5 @@ def print_report(report: dict[str, Any]) -> None:
                     f"{w['replays']} replays, "
                     f"{w['busy_ms']:.0f} ms busy over {w['typing_s']:.1f} s of typing "
                     f"({100 * w['busy_ms'] / 1e3 / w['typing_s']:.1f} % of one core, "
-                    f"{1e3 * w['busy_ms'] / w['replays']:.0f} us a replay)"
+                    f"{1e3 * w['busy_ms'] / w['replays']:.0f} us a replay)" + _engine_replays(w)
                 )

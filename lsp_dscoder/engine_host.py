@@ -76,7 +76,13 @@ class EngineHost:
             log.error("engine failed to load: %s", self.error, exc_info=not isinstance(exc, self._expected))
             return False
         self.state = LoadState.READY
+        self.keep_warm(settings.keep_warm_ms)
         return True
+
+    def keep_warm(self, interval_ms: int) -> None:
+        """The backend's own keep-warm replays (Backend.keep_warm), every `interval_ms` (0: none)."""
+        if self.engine is not None:
+            self.engine.keep_warm(interval_ms / 1000.0 if interval_ms else None)
 
     @property
     def _expected(self) -> tuple[type[Exception], ...]:

@@ -109,20 +109,24 @@ class KeepWarm:
         """A character typed at the edit's position, deleted again by the next replay, in a copy of the
         document taken at the burst's start (a keystroke's edit code; the copy keeps its first text)."""
         parsed = keystroke_change(params)
-        if parsed is None or not parsed[2] or parsed[2][0].span is None:
+        if parsed is None or not parsed[2]:
             return
         uri, _, edits = parsed
+        span = edits[0].span
+        if span is None:
+            return
         if self._shadow_of != uri:  # once a burst: the copy shares the text and indexes its lines
             doc = self._server.documents.get(uri)
             self._shadow = Documents()
             self._shadow.open(uri, doc.language_id, doc.version, doc.text)
             self._shadow_of, self._typed = uri, None
         shadow = self._shadow.get(uri)
-        if self._typed is None:
-            line, char, _, _ = edits[0].span
+        typed = self._typed
+        if typed is None:
+            line, char, _, _ = span
             edit, self._typed = Edit("x", (line, char, line, char)), (line, char)
         else:
-            (line, char), self._typed = self._typed, None
+            (line, char), self._typed = typed, None
             edit = Edit("", (line, char, line, char + 1))
         try:
             self._shadow.change(uri, shadow.version + 1, [edit], self._server.encoding)

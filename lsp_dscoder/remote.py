@@ -109,6 +109,9 @@ class RemoteBackend:
                 raise EngineClosedError("the remote backend has been shut down") from None
         return handle
 
+    def keep_warm(self, interval_s: float | None) -> None:
+        """Nothing to do: this backend's work runs on the event loop, which the server keeps warm."""
+
     def validate(self, request: CompletionRequest) -> CompletionRequest:
         """The checks of `submit` (its request body encoded too), nothing sent: raises what `submit` would
         raise for the request itself."""

@@ -143,6 +143,7 @@ def _apply_settings(ls: DscoderServer, raw: Any, *, reload: bool) -> None:
     engine_changed = new.engine_key() != ls.settings.engine_key()
     ls.settings = new
     ls.completer.configure(new)
+    ls.host.keep_warm(new.keep_warm_ms)
     if reload and engine_changed:
         log.info("engine settings changed: reloading")
         ls.loading = asyncio.ensure_future(ls.load_engine())

@@ -4,6 +4,7 @@ and the same suggestion whether a new line's indentation was typed before the re
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -126,3 +127,32 @@ def test_a_word_no_token_spells_is_spelled_again_from_the_slot_without_a_forward
     with Engine(replace(engine.config, num_slots=1)) as cold:
         fresh = cold.complete(CompletionRequest(last.ids, params, heal_text=last.heal_text))
     assert fresh.token_ids == done.token_ids and fresh.stats.replayed_tokens == 0
+
+
+def test_keep_warm_replays_change_no_result() -> None:
+    """The idle engine thread's replays (engine/warm.py) between keystrokes leave every result as it is:
+    the same tokens, texts, reused and prefilled counts and steps to the first text."""
+    config = EngineConfig(model=default_model_path(), device="cpu", dtype="float32", max_context=1024)
+    runs = []
+    for interval in (None, 0.002):
+        with Engine(config) as eng:
+            with pytest.raises(ValueError, match="keep-warm interval must be > 0 seconds or None, got 0"):
+                eng.keep_warm(0)
+            eng.keep_warm(interval)
+            at = DOC.index("    return len(chunks)")
+            text = DOC[:at] + "\n" + DOC[at:]
+            typist = Typist(eng)
+            typist.request(text, at + 1)
+            results = []
+            for k, ch in enumerate("    chunks.sort("):
+                time.sleep(0.02)  # between keystrokes: replays while the engine is idle
+                text = text[: at + 1 + k] + ch + text[at + 1 + k :]
+                done, shown, _ = typist.request(text, at + 2 + k)
+                s = done.stats
+                results.append(
+                    (done.token_ids, done.text, shown, s.reused_tokens, s.prefilled_tokens, s.steps_to_text)
+                )
+            runs.append((results, eng.stats()["warm_replays"]))
+    (plain, none), (warm, replays) = runs
+    assert warm == plain
+    assert none == 0 and replays >= 16

@@ -149,3 +149,18 @@ def test_the_setting() -> None:
     assert settings.keep_warm_ms == 5
     expected = "expected an integer in [0, 1000], got -1; using the default 5"
     assert problems == [f"dscoder: setting 'keepWarmMs': {expected}"]
+
+
+async def test_the_engine_thread_replays_follow_the_setting(tiny_model: Path) -> None:
+    ls, dispatch, _ = serve(model=str(tiny_model), device="cpu", keepWarmMs=7)
+    assert await ls.host.load(ls.settings, lambda message, percent: None)
+    try:
+        assert ls.host.engine is not None and ls.host.engine._warm_interval == 0.007  # type: ignore[attr-defined]
+        config = {"settings": {"dscoder": {"model": str(tiny_model), "device": "cpu", "keepWarmMs": 0}}}
+        send(dispatch, {"method": "workspace/didChangeConfiguration", "params": config})
+        await asyncio.sleep(0.05)
+        assert ls.settings.keep_warm_ms == 0 and ls.host.engine._warm_interval is None  # type: ignore[attr-defined]
+        assert ls.loading is None  # not an engine setting: no reload
+    finally:
+        ls.keep_warm.close()
+        ls.host.close()
