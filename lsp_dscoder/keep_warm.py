@@ -5,14 +5,13 @@ and three to twelve times that when it runs after the 100-200 ms pause between t
 pause other work on the machine evicts the code and data from the CPU caches (docs/benchmarks.md, "Cold
 code"), whether the server's thread sleeps or spins. So while a typing burst lasts, the server replays
 the side-effect-free part of the last keystroke every `keepWarmMs` on the event loop: it frames and parses
-the keystroke's own messages again, types a character into a shadow copy of the document's lines around
-the edit (deleted by the next replay), structures the completion request, locates its position, asks the
-running suggestion whether the text types through it, extends the prompt from the session's cached head
-(never a new head: nothing is tokenised), has the backend check the request (`Backend.validate`), runs
-the stop rules on the suggestion's first characters and encodes a partial; and throws all of it away.
-The next keystroke finds that code and data in the caches. Nothing a replay does reaches the client, the
-documents, the sessions or the engine; only caches (tokenised context, checked prompt ids) see it. The
-engine thread keeps its own part warm the same way (engine/warm.py).
+the keystroke's own messages again, types a character into a shadow copy of the document (deleted by the
+next replay), structures the completion request, locates its position, asks the running suggestion
+whether the text types through it, extends the prompt from the session's cached head (never a new head:
+nothing is tokenised), has the backend check the request (`Backend.validate`), runs the stop rules on the
+suggestion's first characters and encodes a partial; and throws all of it away. The next keystroke finds
+that code and data in the caches. Nothing a replay does reaches the client, the documents, the sessions
+or the engine; only caches (tokenised context, checked prompt ids) see it.
 
 A burst ends `WINDOW_S` after the last keystroke; outside a burst nothing runs, so an idle server costs
 nothing. `dscoder/stats` reports the replays and their CPU time.
@@ -30,7 +29,7 @@ from lsprotocol import types
 
 from lsp_dscoder.dispatch import PARTIAL_COMPLETION, json_message
 from lsp_dscoder.documents import Documents, Edit, keystroke_change
-from lsp_dscoder.errors import DocumentSyncError, PositionError
+from lsp_dscoder.errors import DocumentSyncError
 from lsp_dscoder.framing import Framer
 
 if TYPE_CHECKING:
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _KEYSTROKE = (types.TEXT_DOCUMENT_DID_CHANGE, types.TEXT_DOCUMENT_INLINE_COMPLETION, types.CANCEL_REQUEST)
 WINDOW_S = 1.5  # a pause longer than this ends the burst
-SHADOW_LINES = 64  # the copy holds this many lines before and after the edit's line
 
 
 class KeepWarm:
@@ -51,7 +49,6 @@ class KeepWarm:
         self._framer = Framer(lambda reason: None)
         self._shadow = Documents()
         self._shadow_of: str | None = None  # the document the shadow copy was taken of
-        self._first_line = 0  # the document's line that is the copy's first
         self._typed: tuple[int, int] | None = None  # where the copy holds a typed character to delete
         self.replays = 0
         self.busy_s = 0.0
@@ -110,8 +107,7 @@ class KeepWarm:
 
     def _edit(self, params: Any) -> None:
         """A character typed at the edit's position, deleted again by the next replay, in a copy of the
-        document's lines around it taken at the burst's start (a keystroke's edit code; the copy keeps
-        its first text, and is taken again when an edit falls outside it)."""
+        document taken at the burst's start (a keystroke's edit code; the copy keeps its first text)."""
         parsed = keystroke_change(params)
         if parsed is None or not parsed[2]:
             return
@@ -119,12 +115,15 @@ class KeepWarm:
         span = edits[0].span
         if span is None:
             return
-        if self._shadow_of != uri:
-            self._copy(uri, span[0])
+        if self._shadow_of != uri:  # once a burst: the copy shares the text and indexes its lines
+            doc = self._server.documents.get(uri)
+            self._shadow = Documents()
+            self._shadow.open(uri, doc.language_id, doc.version, doc.text)
+            self._shadow_of, self._typed = uri, None
         shadow = self._shadow.get(uri)
         typed = self._typed
         if typed is None:
-            line, char = span[0] - self._first_line, span[1]
+            line, char, _, _ = span
             edit, self._typed = Edit("x", (line, char, line, char)), (line, char)
         else:
             (line, char), self._typed = typed, None
@@ -133,21 +132,6 @@ class KeepWarm:
             self._shadow.change(uri, shadow.version + 1, [edit], self._server.encoding)
         except DocumentSyncError:  # the position is not in the copy: take a new one next time
             self._shadow_of = None
-
-    def _copy(self, uri: str, line: int) -> None:
-        """Copy the lines around `line` (a keystroke's edit costs the same code on any text, and the
-        copies stay small in a long document)."""
-        doc = self._server.documents.get(uri)
-        encoding = self._server.encoding
-        first = max(0, line - SHADOW_LINES)
-        start, _ = doc.locate(first, 0, encoding)
-        try:
-            end, _ = doc.locate(line + SHADOW_LINES, 0, encoding)
-        except PositionError:  # the document ends sooner
-            end = len(doc.text)
-        self._shadow = Documents()
-        self._shadow.open(uri, doc.language_id, doc.version, doc.text[start:end])
-        self._shadow_of, self._first_line, self._typed = uri, first, None
 
     def _request(self, data: dict[str, Any]) -> None:
         server = self._server

@@ -164,20 +164,3 @@ async def test_the_engine_thread_replays_follow_the_setting(tiny_model: Path) ->
     finally:
         ls.keep_warm.close()
         ls.host.close()
-
-
-async def test_the_copy_holds_the_lines_around_the_edit() -> None:
-    ls, dispatch, _ = serve(keepWarmMs=1000)
-    long_text = "".join(f"line {n} 😀\n" for n in range(300))
-    item = {"uri": URI, "languageId": "python", "version": 5, "text": long_text}
-    send(dispatch, {"method": "textDocument/didOpen", "params": {"textDocument": item}})
-    keystroke(dispatch, 6, 200, 5, "x")  # UTF-16 column 5 of "line 200 😀"
-    ls.keep_warm.replay()
-    copy = ls.keep_warm._shadow.get(URI)
-    lines = long_text.splitlines(keepends=True)
-    edited = "".join([*lines[136:200], "line x200 😀\n", *lines[201:264]])  # the document's lines 136..263
-    assert copy.text == edited.replace("line x200", "line xx200")  # and the copy's own "x"
-    ls.keep_warm.replay()
-    assert copy.text == edited  # deleted again
-    assert ls.documents.get(URI).text == "".join([*lines[:200], "line x200 😀\n", *lines[201:]])
-    ls.keep_warm.close()
