@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _KEYSTROKE = (types.TEXT_DOCUMENT_DID_CHANGE, types.TEXT_DOCUMENT_INLINE_COMPLETION, types.CANCEL_REQUEST)
 WINDOW_S = 1.5  # a pause longer than this ends the burst
+MAX_BODY = 4096  # bytes of a message that is replayed (a keystroke's messages take a few hundred)
 
 
 class KeepWarm:
@@ -57,7 +58,10 @@ class KeepWarm:
         """A message was read; a keystroke's message starts or extends the burst."""
         if method not in _KEYSTROKE or self._interval() is None:
             return
-        self._bodies[method] = body
+        if len(body) <= MAX_BODY:
+            self._bodies[method] = body
+        else:  # a paste, not a keystroke: replaying it every few milliseconds would cost more than it saves
+            self._bodies.pop(method, None)
         self._last = time.monotonic()
         if self._timer is None:
             self._schedule()

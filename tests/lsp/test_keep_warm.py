@@ -164,3 +164,14 @@ async def test_the_engine_thread_replays_follow_the_setting(tiny_model: Path) ->
     finally:
         ls.keep_warm.close()
         ls.host.close()
+
+
+async def test_a_paste_is_not_replayed() -> None:
+    ls, dispatch, _ = serve(keepWarmMs=1000)
+    keystroke(dispatch, 2, 1, 4, "x")
+    assert set(ls.keep_warm._bodies) == {"textDocument/didChange", "textDocument/inlineCompletion"}
+    keystroke(dispatch, 3, 1, 5, "y" * 5000)
+    assert set(ls.keep_warm._bodies) == {"textDocument/inlineCompletion"}  # the paste's didChange is not kept
+    ls.keep_warm.replay()
+    assert ls.documents.get(URI).text == "def f(x):\n    x" + "y" * 5000 + "return x\n"
+    ls.keep_warm.close()
