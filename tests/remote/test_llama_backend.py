@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lsp_dscoder.engine.api import CompletionRequest, SamplingParams, StopReason
+from lsp_dscoder.engine.errors import ContextOverflowError, EngineError
 from lsp_dscoder.remote import RemoteBackend, RemoteConfig
 from tests.remote.llama_server import LlamaServer
 
@@ -94,3 +95,20 @@ def test_cancel_cuts_the_stream_and_llama_server_stops_generating(
         time.sleep(0.01)
     assert len(ids) <= llama.released_at_last_cancel() < len(ids) + 100  # stopped long before its 400 tokens
     assert backend.stats()["cancelled"] >= 1 and backend.stats()["reachable"] is True
+
+
+def test_validate_checks_the_request_and_sends_nothing(backend: RemoteBackend, llama: LlamaServer) -> None:
+    """`validate` (the keep-warm replays' check) raises what `submit` would and sends nothing."""
+    ids = fim(backend, "def area(width, height):\n    ", "\n")
+    log, stats = llama.log(), backend.stats()
+    assert backend.validate(_request(ids, 8)).prompt_ids == tuple(ids)
+    with pytest.raises(EngineError, match="empty prompt"):
+        backend.validate(_request([], 8))
+    with pytest.raises(EngineError, match=f"token id {backend.tokenizer.vocab_size + 5} is outside"):
+        backend.validate(_request([*ids, backend.tokenizer.vocab_size + 5], 8))
+    with pytest.raises(ContextOverflowError):
+        backend.validate(_request(ids * backend.max_context, 8))
+    time.sleep(0.2)
+    assert llama.log() == log  # llama.cpp saw no request
+    after = backend.stats()
+    assert (after["requests"], after["connectionsOpened"]) == (stats["requests"], stats["connectionsOpened"])
