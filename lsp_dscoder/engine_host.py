@@ -13,10 +13,13 @@ import enum
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lsp_dscoder.backend import Backend, Handle
 from lsp_dscoder.settings import BackendKind, Settings
+
+if TYPE_CHECKING:
+    from lsp_dscoder.engine.api import CompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +160,7 @@ class EngineHost:
         slot_key: str,
         deadline: float | None,
         heal_text: str,
-    ) -> Any:
+    ) -> CompletionRequest:
         from lsp_dscoder import engine as api  # already imported by the load
 
         params = self._params.get((max_tokens, stop))
