@@ -62,7 +62,7 @@ class Engine:
         self._ttfts: deque[float] = deque(maxlen=1000)
         self._warm_interval: float | None = None  # keep_warm()
         self._warm_busy_s = 0.0
-        self._last: tuple[CompletionRequest, float] | None = None  # the last request served, and when
+        self._last: CompletionRequest | None = None  # the last request served
         loaded = threading.Event()
         failure: list[BaseException] = []
 
@@ -199,18 +199,17 @@ class Engine:
 
     def _next(self) -> CompletionHandle | None:
         """The next queued request; while waiting for it within a burst, keep-warm replays."""
-        if self._last is not None:  # the burst's window counts from the end of the last request
-            self._last = (self._last[0], time.monotonic())
+        idle_since = time.monotonic()  # the burst's window counts from the end of the last request
         while True:
             interval, last = self._warm_interval, self._last
-            if interval is None or last is None or time.monotonic() - last[1] > WINDOW_S:
+            if interval is None or last is None or time.monotonic() - idle_since > WINDOW_S:
                 return self._queue.get()
             try:
                 return self._queue.get(timeout=interval)
             except queue.Empty:
                 started = time.thread_time()
                 try:
-                    rehearse(last[0], self.cache, self.tokenizer)
+                    rehearse(last, self.cache, self.tokenizer)
                 except Exception:  # a replay must never stop the engine thread
                     log.exception("keep-warm replay failed; replays stop")
                     self._warm_interval = None
@@ -220,7 +219,7 @@ class Engine:
 
     def _loop(self) -> None:
         while (handle := self._next()) is not None:
-            self._last = (handle.request, time.monotonic())
+            self._last = handle.request
             try:
                 result = generate(
                     handle.request,

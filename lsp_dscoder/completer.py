@@ -10,15 +10,18 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lsp_dscoder.documents import Splice
 from lsp_dscoder.engine_host import EngineHost
 from lsp_dscoder.postprocess import CursorContext, Shaper
-from lsp_dscoder.prompt import Budgets, ContextFile, PromptBuilder
+from lsp_dscoder.prompt import Budgets, ContextFile, Prompt, PromptBuilder
 from lsp_dscoder.session import DocumentSession, Generation, Subscriber
 from lsp_dscoder.settings import Settings
 from lsp_dscoder.stats import Outcome, RequestRecord, Source, Stats
+
+if TYPE_CHECKING:
+    from lsp_dscoder.engine.api import CompletionRequest
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +67,6 @@ class Started:
         self.record.responded(Outcome.CANCELLED)
         if self.gen is not None and self.sub is not None:
             self.gen.detach(self.sub)
-
-
-def _stop(ctx: CursorContext) -> tuple[str, ...]:
-    """Stop strings of a request: a cursor inside a line's text completes that line only."""
-    return ("\n",) if ctx.single_line else ()
 
 
 class Completer:
@@ -129,16 +127,24 @@ class Completer:
         if prompt is None:
             return
         ctx = CursorContext.at(snap.text, snap.cursor)
-        self.host.validate(
-            prompt.ids,
-            max_tokens=self.settings.max_tokens,
-            stop=_stop(ctx),
-            slot_key=snap.uri,
-            heal_text=prompt.heal_text,
-        )
+        self.host.validate(self._request(snap, prompt, ctx, None))
         shaper = Shaper(ctx)
         shaper.feed(gen.shaper.text[:8] if gen is not None and gen.shaper.text else "x")
         shaper.first_line_ready(0)
+
+    def _request(
+        self, snap: Snapshot, prompt: Prompt, ctx: CursorContext, deadline: float | None
+    ) -> CompletionRequest:
+        """The engine request for `prompt`: a cursor inside a line's text completes that line only."""
+        stop = ("\n",) if ctx.single_line else ()
+        return self.host.request(
+            prompt.ids,
+            max_tokens=self.settings.max_tokens,
+            stop=stop,
+            slot_key=snap.uri,
+            deadline=deadline,
+            heal_text=prompt.heal_text,
+        )
 
     def begin(self, snap: Snapshot, request_id: Any, send_partial: SendPartial) -> Started:
         """Start answering `snap` now (typing through, latest wins, the prompt and the engine's submit run
@@ -201,14 +207,7 @@ class Completer:
         s = self.settings
         deadline = None if s.deadline_ms is None else time.monotonic() + s.deadline_ms / 1000.0
         try:
-            handle = self.host.submit(
-                prompt.ids,
-                max_tokens=s.max_tokens,
-                stop=_stop(ctx),
-                slot_key=snap.uri,
-                deadline=deadline,
-                heal_text=prompt.heal_text,
-            )
+            handle = self.host.submit(self._request(snap, prompt, ctx, deadline))
         except self.host.engine_errors as exc:
             log.warning("request %s not submitted: %s", record.request_id, exc)
             record.responded(Outcome.ERROR)

@@ -130,37 +130,17 @@ class EngineHost:
         progress("warmup", 1, 1)
         return engine
 
-    def submit(
+    def request(
         self,
         prompt_ids: Sequence[int],
         *,
         max_tokens: int,
         stop: tuple[str, ...],
         slot_key: str,
-        deadline: float | None,
+        deadline: float | None = None,
         heal_text: str = "",
-    ) -> Handle:
-        assert self.engine is not None, "submit() before the engine is ready"
-        request = self._request(prompt_ids, max_tokens, stop, slot_key, deadline, heal_text)
-        # Called on the event loop, which builds the request's consumer next: the engine thread starts first.
-        return self.engine.submit(request, hand_off=True)
-
-    def validate(
-        self, ids: Sequence[int], *, max_tokens: int, stop: tuple[str, ...], slot_key: str, heal_text: str
-    ) -> None:
-        """The request `submit` would send, built and checked by the engine, not sent (keep_warm.py)."""
-        assert self.engine is not None, "validate() before the engine is ready"
-        self.engine.validate(self._request(ids, max_tokens, stop, slot_key, None, heal_text))
-
-    def _request(
-        self,
-        prompt_ids: Sequence[int],
-        max_tokens: int,
-        stop: tuple[str, ...],
-        slot_key: str,
-        deadline: float | None,
-        heal_text: str,
     ) -> CompletionRequest:
+        """An engine request for the loaded backend (for `submit`, or `validate`)."""
         from lsp_dscoder import engine as api  # already imported by the load
 
         params = self._params.get((max_tokens, stop))
@@ -173,6 +153,16 @@ class EngineHost:
             deadline=deadline,
             heal_text=heal_text,
         )
+
+    def submit(self, request: CompletionRequest) -> Handle:
+        assert self.engine is not None, "submit() before the engine is ready"
+        # Called on the event loop, which builds the request's consumer next: the engine thread starts first.
+        return self.engine.submit(request, hand_off=True)
+
+    def validate(self, request: CompletionRequest) -> None:
+        """The checks of `submit`, nothing sent (keep_warm.py)."""
+        assert self.engine is not None, "validate() before the engine is ready"
+        self.engine.validate(request)
 
     def stats(self) -> dict[str, Any]:
         return dict(self.engine.stats()) if self.engine is not None else {}
