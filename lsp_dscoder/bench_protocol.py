@@ -141,8 +141,9 @@ async def _keep_warm(client: RpcClient, plan: Plan) -> dict[str, Any]:
     assert c.response is not None
     result = c.response["result"]
     engine = result.get("engine") or {}  # the engine thread's own replays (a remote backend has none)
+    none = {"intervalMs": 0, "replays": 0, "busyMs": 0.0}  # a server without replays (protocol_ab.py)
     return {
-        **result["keepWarm"],
+        **result.get("keepWarm", none),
         "engineReplays": engine.get("warm_replays", 0),
         "engineBusyMs": engine.get("warm_busy_ms", 0.0),
     }
