@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+ASKING_S = 2.0  # a client that asked for a document's suggestion this recently asks as the user types
+CLAIM_S = 0.5  # a suggestion started from an edit that no request took this long after is stopped
+
 # (text, done) -> None: sends one `dscoder/partialCompletion` for the request
 SendPartial = Callable[[str, bool], None]
 
@@ -146,6 +149,45 @@ class Completer:
             heal_text=prompt.heal_text,
         )
 
+    def anticipate(self, snap: Snapshot) -> None:
+        """A keystroke's edit, before the completion request that follows it (`startOnEdit`): unless the
+        request came with it (in the same read), start the suggestion for the cursor the edit leaves, so
+        that the engine works while the client waits to ask (VS Code asks 50 ms after the last keystroke);
+        the request takes it over in `begin`, or one for another place cancels it. Only while the client
+        asks for this document's suggestions, and never with a debounce of our own."""
+        s = self.settings
+        session = self.sessions.get(snap.uri)
+        if not s.start_on_edit or s.debounce_ms or session is None or session.asked is None:
+            return
+        if self.stats.clock() - session.asked <= ASKING_S:
+            # After the messages read with the edit: a request among them starts as before (an early
+            # start would only compete with its reading for the interpreter), and this does nothing.
+            asyncio.get_running_loop().call_soon(self._anticipated, session, snap, session.asked)
+
+    def _anticipated(self, session: DocumentSession, snap: Snapshot, asked: float | None) -> None:
+        if session.asked != asked or session.version != snap.version or not self.host.ready:
+            return  # a request came meanwhile, or another edit, or the engine went
+        if self.sessions.get(snap.uri) is not session:
+            return  # closed
+        gen = session.generation
+        if gen is not None:
+            if gen.typed_through(snap.text, snap.cursor) is not None:
+                return  # typed through the suggestion: the request is answered from memory
+            gen.cancel()
+        gen = self._start(session, snap, None)
+        if gen is None:  # an error the request will meet and report
+            return
+        self.stats.counts["edit_starts"] += 1
+        gen.started_at = self.stats.clock()
+        asyncio.get_running_loop().call_later(CLAIM_S, self._expire, gen)
+
+    def _expire(self, gen: Generation) -> None:
+        """No request took an anticipated suggestion in time: the client asks for another place, or not
+        at all; the engine stops."""
+        if gen.record is None and not gen.finished and not gen.cancelled:
+            self.stats.counts["edit_starts_unclaimed"] += 1
+            gen.cancel()
+
     def begin(self, snap: Snapshot, request_id: Any, send_partial: SendPartial) -> Started:
         """Start answering `snap` now (typing through, latest wins, the prompt and the engine's submit run
         before this returns); the returned `Started` is awaited for the suggestion."""
@@ -153,9 +195,14 @@ class Completer:
         session = self.sessions.get(snap.uri)
         if session is None:  # not setdefault: it would build a session on every keystroke
             session = self.sessions[snap.uri] = DocumentSession(snap.uri)
-        session.latest = request_id
+        session.latest, session.asked = request_id, record.started
         sub = Subscriber(request_id, snap.version, 0, send_partial, record)
         gen = session.generation
+        if gen is not None and gen.record is None and gen.answers(snap.text, snap.version, snap.cursor):
+            self.stats.counts["edit_starts_taken"] += 1
+            gen.claim(record)  # started from this request's didChange
+            gen.subscribe(sub)
+            return Started(record, sub, gen)
         if gen is not None and (typed := gen.typed_through(snap.text, snap.cursor)) is not None:
             record.source, sub.skip = Source.MEMORY, typed
             gen.subscribe(sub)
@@ -187,21 +234,24 @@ class Completer:
             return Started(record)
         return self._started(session, snap, record, sub)
 
-    def _start(self, session: DocumentSession, snap: Snapshot, record: RequestRecord) -> Generation | None:
+    def _start(
+        self, session: DocumentSession, snap: Snapshot, record: RequestRecord | None
+    ) -> Generation | None:
+        """Build the prompt and submit it: the generation for `record`'s request, or for an edit when
+        `record` is None (then an error is only logged at debug level: the request will meet it)."""
         started = time.monotonic()
+        name = "edit" if record is None else f"request {record.request_id}"
         try:
             builder = self._prompt_builder()
         except ValueError as exc:  # budgets that cannot fit the engine's context
-            log.warning("request %s: %s", record.request_id, exc)
-            record.responded(Outcome.ERROR)
-            return None
+            return self._failed(record, f"{name}: {exc}")
         prompt = builder.build(
             snap.text, snap.cursor, snap.context, snap.language_id, session.head, session.cached_pieces()
         )
-        record.prompt_s = time.monotonic() - started
+        prompt_s = time.monotonic() - started
         if log.isEnabledFor(logging.DEBUG):
             text = builder.tokenizer.decode(prompt.ids)
-            log.debug("request %s prompt (%d tokens): %r", record.request_id, len(prompt.ids), text)
+            log.debug("%s prompt (%d tokens): %r", name, len(prompt.ids), text)
         session.started(prompt.head, prompt.middle_pieces)
         ctx = CursorContext.at(snap.text, snap.cursor)
         s = self.settings
@@ -209,23 +259,36 @@ class Completer:
         try:
             handle = self.host.submit(self._request(snap, prompt, ctx, deadline))
         except self.host.engine_errors as exc:
-            log.warning("request %s not submitted: %s", record.request_id, exc)
-            record.responded(Outcome.ERROR)
-            return None
-        record.source = Source.ENGINE
-
-        def done(gen: Generation, completion: Any) -> None:
-            record.completed(None if completion is None else completion.stats, gen.shaper.rule.value)
-
+            return self._failed(record, f"{name} not submitted: {exc}")
         gen = Generation(
             handle,
             Shaper(ctx),
             text=snap.text,
             cursor=snap.cursor,
             mode=s.response_mode,
-            on_done=done,
+            on_done=_finished,
             errors=self.host.engine_errors,
+            version=snap.version,
+            prompt_s=prompt_s,
         )
+        if record is not None:
+            gen.claim(record)
         session.generation = gen
         gen.start()
         return gen
+
+    @staticmethod
+    def _failed(record: RequestRecord | None, message: str) -> None:
+        if record is None:
+            log.debug("%s", message)
+            return
+        log.warning("%s", message)
+        record.responded(Outcome.ERROR)
+
+
+def _finished(gen: Generation, completion: Any) -> None:
+    """A generation's engine request ended: its stats go to the request it answers (now, or when a request
+    takes over a generation started from an edit)."""
+    gen.outcome = (None if completion is None else completion.stats, gen.shaper.rule.value)
+    if gen.record is not None:
+        gen.record.completed(*gen.outcome)

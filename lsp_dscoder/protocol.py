@@ -113,6 +113,10 @@ class DscoderServer(LanguageServer):
             self.sync_refused(uri, types.TEXT_DOCUMENT_DID_CHANGE, str(exc))
             return
         self.completer.changed(uri, doc.text, doc.version, doc.splice)
+        if (splice := doc.splice) is not None:  # one ranged edit: the cursor is most likely at its end
+            cursor = splice.start + splice.length
+            snap = Snapshot(uri, doc.version, doc.text, cursor, doc.language_id, lambda: self._context(doc))
+            self.completer.anticipate(snap)
 
     def sync_refused(self, uri: str, method: str, reason: str) -> None:
         """A didOpen/didChange that could not be applied: say so, and answer nothing from the old text."""

@@ -21,7 +21,7 @@ from lsp_dscoder.documents import Splice
 from lsp_dscoder.postprocess import Shaper
 from lsp_dscoder.prompt import Head
 from lsp_dscoder.settings import ResponseMode
-from lsp_dscoder.stats import Outcome, RequestRecord
+from lsp_dscoder.stats import Outcome, RequestRecord, Source
 from lsp_dscoder.tokens import Piece
 
 log = logging.getLogger(__name__)
@@ -60,12 +60,19 @@ class Generation:
         mode: ResponseMode,
         on_done: Callable[[Generation, Any], None],
         errors: tuple[type[Exception], ...] = (),
+        version: int | None = None,
+        prompt_s: float | None = None,
     ) -> None:
         self.handle = handle
         self.shaper = shaper
         self.mode = mode
         # The text it was asked for and its cursor: the parts around the cursor are cut only to compare.
-        self._text, self._cursor = text, cursor
+        self._text, self._cursor, self.version = text, cursor, version
+        # The request it answers (its stats); None while started from an edit and no request took it.
+        self.record: RequestRecord | None = None
+        self.prompt_s = prompt_s  # building its prompt took this long
+        self.started_at: float | None = None  # when an edit started it (the stats' clock)
+        self.outcome: tuple[Any, str] | None = None  # (engine stats or None, stop rule) once it ended
         self._framed = text  # the last document text that `_frames` accepted
         self.pieces: list[Piece] = []  # the generated tokens, as the engine's slot will hold them
         self.rewound = 0  # prompt tokens at its end that the engine healed (spelled again) instead
@@ -101,6 +108,22 @@ class Generation:
             self.finished = True
             self._publish()
             self._on_done(self, completion)
+
+    def claim(self, record: RequestRecord) -> None:
+        """`record`'s request is the one this generation answers (at its start, or taking over one
+        started from an edit: then how long before the request it started goes in the record)."""
+        self.record = record
+        record.source, record.prompt_s = Source.ENGINE, self.prompt_s
+        if self.started_at is not None:
+            record.early_s = record.started - self.started_at
+        if self.outcome is not None:
+            record.completed(*self.outcome)
+
+    def answers(self, text: str, version: int | None, cursor: int) -> bool:
+        """Whether it was started for exactly this text, version and cursor, and still runs or has run to
+        its end (a cancelled one stopped short)."""
+        same = text is self._text and version == self.version and cursor == self._cursor
+        return same and not self.cancelled
 
     def typed_through(self, text: str, cursor: int | None = None, splice: Splice | None = None) -> int | None:
         """How many characters of the suggestion `text` holds at the generation's cursor (with the
@@ -203,6 +226,7 @@ class DocumentSession:
     known: list[Piece] = field(default_factory=list)  # the middle's pieces in the last prompt
     generation: Generation | None = None
     latest: Any = None  # id of the newest completion request
+    asked: float | None = None  # when it came (time.monotonic)
     version: int | None = None  # of the last change seen
 
     def cached_pieces(self) -> list[Piece]:

@@ -81,6 +81,7 @@ class Settings:
     deadline_ms: int | None = None  # stop decoding this long after submission (None: no deadline)
     completion_fallback: CompletionFallback = CompletionFallback.AUTO
     keep_warm_ms: int = 5  # while typing, replay the last keystroke's server work this often (0: off)
+    start_on_edit: bool = True  # start a keystroke's suggestion from its didChange, before the request
     # Backend: changing any of these reloads it. `model` still names the tokenizer for "remote".
     backend: BackendKind = BackendKind.LOCAL
     endpoint: str | None = None  # remote: http(s)://host:port of the serving engine
@@ -114,6 +115,12 @@ def _int_in(low: int, high: int) -> Callable[[Any], int]:
         return value
 
     return check
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
 
 
 def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -169,6 +176,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "deadline_ms": _optional(_int_in(1, 3_600_000)),
     "completion_fallback": _enum(CompletionFallback),
     "keep_warm_ms": _int_in(0, 1000),
+    "start_on_edit": _bool,
     "backend": _enum(BackendKind),
     "endpoint": _optional(_text(r"https?://[^/?#@\s]+(/[^?#\s]*)?", "an http(s)://host:port URL")),
     "remote_model": _optional(_text(_NOT_BLANK, "a model name")),

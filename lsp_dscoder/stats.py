@@ -60,6 +60,7 @@ class RequestRecord:
         self.first_partial_s: float | None = None
         self.response_s: float | None = None
         self.prompt_s: float | None = None  # building the prompt
+        self.early_s: float | None = None  # its suggestion was started from its didChange this much before
         self.engine: CompletionStats | None = None
         self.stop_rule: str | None = None
         self._engine_done = False
@@ -101,6 +102,7 @@ class RequestRecord:
             "firstPartialMs": _ms(self.first_partial_s),
             "responseMs": _ms(self.response_s),
             "promptMs": _ms(self.prompt_s),
+            "earlyMs": _ms(self.early_s),
             "queueMs": None if e is None else _ms(e.queue_s),
             "engineTtftMs": None if e is None else _ms(e.ttft_s),
             "engineTextMs": None if e is None else _ms(e.text_s),
@@ -118,7 +120,8 @@ class RequestRecord:
         """The request's log line; `d` is its `as_dict()` when the caller has it already."""
         d = self.as_dict() if d is None else d
         keys = (
-            *("source", "outcome", "firstPartialMs", "promptMs", "queueMs", "engineTtftMs", "engineTextMs"),
+            *("source", "outcome", "firstPartialMs", "promptMs", "earlyMs", "queueMs", "engineTtftMs"),
+            "engineTextMs",
             "responseMs",
             *("promptTokens", "reusedTokens", "prefilledTokens", "generatedTokens", "decodeTokensPerS"),
             "stepsToText",
