@@ -3,11 +3,12 @@
 Per document size (generated Python of ~1K/8K/64K tokens): open it, ask once (the cold prompt, not
 counted), time bare round trips (`dscoder/stats` asking for no request records), then type keystrokes.
 A keystroke is one write of `didChange` + `$/cancelRequest` of the previous request (if still
-unanswered) + `inlineCompletion`; the next one starts once this one is answered (first partial or
-response) and `--interval-ms` has passed since it was written. Two keystrokes in every four type the first
-character of the suggestion shown, when one is shown: the server answers those from memory. Client times
-are request written → first `dscoder/partialCompletion` or response read; the server's own times come
-from its request log line.
+unanswered) + `inlineCompletion` (with `--request-delay-ms`, the request goes that long after the
+rest, as from a client that debounces its requests); the next one starts once this one is answered
+(first partial or response) and `--interval-ms` has passed since it was written. Two keystrokes in every
+four type the first character of the suggestion shown, when one is shown: the server answers those from
+memory. Client times are request written → first `dscoder/partialCompletion` or response read; the
+server's own times come from its request log line.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Plan:
     interval_s: float
     round_trips: int
     timeout_s: float = TIMEOUT_S
+    request_delay_s: float = 0.0  # from a keystroke's didChange to its request (a client's debounce)
 
 
 @dataclass
@@ -55,6 +57,13 @@ def add_protocol_arguments(g: argparse._ArgumentGroup) -> None:
         "--interval-ms", type=float, default=100.0, help="least time from one keystroke to the next"
     )
     g.add_argument("--round-trips", type=int, default=20, help="bare round trips per document")
+    g.add_argument(
+        "--request-delay-ms",
+        type=float,
+        default=0.0,
+        help="send each keystroke's request this long after its didChange, as a client that debounces "
+        "its requests does (VS Code: 50); 0: in the same write",
+    )
     g.add_argument("--device", help="server --device (default: cpu; with --shapes: auto)")
     g.add_argument("--dtype", help="server --dtype (default: the server's)")
     g.add_argument("--settings", default="{}", help="initializationOptions as JSON")
@@ -111,8 +120,13 @@ async def type_document(client: RpcClient, uri: str, doc: Document, plan: Plan) 
         before = [{"method": "textDocument/didChange", "params": change}]
         if not previous.done.is_set():
             before.append({"method": "$/cancelRequest", "params": {"id": previous.id}})
+        cancel = len(before) == 2
+        if plan.request_delay_s:
+            await client.send(*before)
+            await asyncio.sleep(plan.request_delay_s)
+            before = []
         c = await client.request(INLINE, _inline(uri, text, cursor), *before, version=version)
-        keys.append(Key(c, ch, through, len(before) == 2))
+        keys.append(Key(c, ch, through, cancel))
         await client.wait(c, plan.timeout_s, first=True)
         await asyncio.sleep(max(0.0, c.written + plan.interval_s - time.monotonic()))
         previous = c
@@ -206,7 +220,13 @@ def run_protocol(args: argparse.Namespace) -> int:
     if bad or args.keystrokes < 1:
         print(f"lsp-dscoder: error: --sizes takes {', '.join(SIZES)}; --keystrokes >= 1", file=sys.stderr)
         return 2
-    plan = Plan(sizes, args.keystrokes, args.interval_ms / 1000.0, args.round_trips)
+    plan = Plan(
+        sizes,
+        args.keystrokes,
+        args.interval_ms / 1000.0,
+        args.round_trips,
+        request_delay_s=args.request_delay_ms / 1e3,
+    )
     settings = json.loads(args.settings)
     results = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -191,7 +191,13 @@ def run_remote(args: argparse.Namespace) -> int:
     if any(s not in SIZES for s in sizes) or args.keystrokes < 1:
         print(f"lsp-dscoder: error: --sizes takes {', '.join(SIZES)}; --keystrokes >= 1", file=sys.stderr)
         return 2
-    plan = Plan(sizes, args.keystrokes, args.interval_ms / 1000.0, args.round_trips)
+    plan = Plan(
+        sizes,
+        args.keystrokes,
+        args.interval_ms / 1000.0,
+        args.round_trips,
+        request_delay_s=args.request_delay_ms / 1e3,
+    )
     folder = Path(args.model) if args.model else default_model_path()
     with tempfile.TemporaryDirectory() as tmp, _endpoint(args.endpoint, folder, Path(tmp)) as endpoint:
         trace = Path(tmp) / "trace.jsonl"

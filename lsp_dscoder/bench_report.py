@@ -25,6 +25,7 @@ ROWS = (
     ("engine_ttft_ms", "engine TTFT (first sampled token)"),
     ("engine_text_ms", "engine first visible text"),
     ("queue_ms", "engine queue (submit to generation start)"),
+    ("early_ms", "engine request sent from the didChange: ms before the request"),
     ("client_minus_text_ms", "client first partial - engine first text (our path)"),
     ("client_minus_server_ms", "client - server firstPartial (pipes, framing, edit)"),
     ("steps_before_partial", "decode steps before the first partial"),
@@ -79,6 +80,7 @@ def summarize(
         "engine_ttft_ms": distribution(r.get("engineTtftMs") for _, r in engine),
         "engine_text_ms": distribution(r.get("engineTextMs") for _, r in engine),
         "queue_ms": distribution(r.get("queueMs") for _, r in engine),
+        "early_ms": distribution(r.get("earlyMs") for _, r in engine),
         # The engine's own part is generation start -> first visible text; everything else the user
         # waited for is ours: pipes, framing, the edit, prompt, submit (queue included), the hop back, write.
         "client_minus_text_ms": distribution(
@@ -123,7 +125,7 @@ def print_report(report: dict[str, Any]) -> None:
         print("| p50 / p90 ms | " + " | ".join(f"{d['size']} ({d['tokens']} tokens)" for d in docs) + " |")
         print("|---|" + "---|" * len(docs))
         for key, name in ROWS:
-            print(f"| {name} | " + " | ".join(_cell(d[key]) for d in docs) + " |")
+            print(f"| {name} | " + " | ".join(_cell(d.get(key) or {"n": 0}) for d in docs) + " |")
         print("| cold prompt (first request), ms | " + " | ".join(f"{d['cold_ms']:.1f}" for d in docs) + " |")
         for d in docs:
             src = ", ".join(f"{k} {v}" for k, v in d["sources"].items() if v)

@@ -20,10 +20,14 @@ ROUND_TRIPS = 3
 
 
 @pytest.mark.slow
-def test_protocol_bench_answers_every_keystroke(tiny_model: Path) -> None:
+@pytest.mark.parametrize("delay_ms", [0, 30])
+def test_protocol_bench_answers_every_keystroke(tiny_model: Path, delay_ms: int) -> None:
+    """With `--request-delay-ms` each request goes after its didChange, as VS Code's do: the server has
+    started every engine keystroke's suggestion from the didChange (`earlyMs` in its record); in one write
+    it has started none."""
     argv = [sys.executable, "-m", "lsp_dscoder", "bench", "--protocol", "--model", str(tiny_model)]
     argv += ["--sizes", "1k", "--keystrokes", str(KEYSTROKES), "--interval-ms", "0"]
-    argv += ["--round-trips", str(ROUND_TRIPS), "--json"]
+    argv += ["--round-trips", str(ROUND_TRIPS), "--request-delay-ms", str(delay_ms), "--json"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
@@ -45,6 +49,13 @@ def test_protocol_bench_answers_every_keystroke(tiny_model: Path) -> None:
     keys = doc["keys"]
     assert len(keys) == KEYSTROKES and sum(k["through"] for k in keys) == doc["typed_through"]
     assert [k["record"]["v"] for k in keys] == list(range(2, KEYSTROKES + 2))  # one version per keystroke
+    early = [k["record"].get("earlyMs") for k in keys if k["record"]["source"] == "engine"]
+    assert len(early) == sources["engine"] > 0
+    if delay_ms:
+        assert all(e is not None and e > 0 for e in early), early
+        assert doc["early_ms"]["n"] == sources["engine"]
+    else:
+        assert early == [None] * len(early) and doc["early_ms"]["n"] == 0
 
 
 def test_client_reads_the_servers_request_log_line() -> None:

@@ -57,7 +57,7 @@ def test_bench_pairs_each_keystroke_with_the_same_request_sent_directly(
 ) -> None:
     args = argparse.Namespace(
         endpoint=llama.url, remote_model=None, model=str(bundled), sizes="1k", keystrokes=6,
-        interval_ms=50.0, round_trips=2, settings="{}", json=True,
+        interval_ms=50.0, round_trips=2, settings="{}", json=True, request_delay_ms=0.0,
     )  # fmt: skip
     assert run_remote(args) == 0
     report = json.loads(capsys.readouterr().out)
