@@ -160,9 +160,12 @@ class Completer:
         if not s.start_on_edit or s.debounce_ms or session is None or session.asked is None:
             return
         if self.stats.clock() - session.asked <= ASKING_S:
-            # After the messages read with the edit: a request among them starts as before (an early
-            # start would only compete with its reading for the interpreter), and this does nothing.
-            asyncio.get_running_loop().call_soon(self._anticipated, session, snap, session.asked)
+            # Two turns of the loop later: after the messages read with the edit, and after those the
+            # next poll finds (a client that writes the request right behind the edit). A request among
+            # them starts as before (an early start would only compete with its reading for the
+            # interpreter), and this then does nothing.
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.call_soon, self._anticipated, session, snap, session.asked)
 
     def _anticipated(self, session: DocumentSession, snap: Snapshot, asked: float | None) -> None:
         if session.asked != asked or session.version != snap.version or not self.host.ready:
@@ -179,6 +182,12 @@ class Completer:
             return
         self.stats.counts["edit_starts"] += 1
         gen.started_at = self.stats.clock()
+        log.debug(
+            "%s v%s: suggestion started from the edit, cursor at offset %d",
+            snap.uri,
+            snap.version,
+            snap.cursor,
+        )
         asyncio.get_running_loop().call_later(CLAIM_S, self._expire, gen)
 
     def _expire(self, gen: Generation) -> None:

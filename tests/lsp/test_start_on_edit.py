@@ -46,24 +46,24 @@ async def ask(ls: DscoderServer, dispatch: Dispatcher, request_id: int, line: in
 
 
 async def edit(
-    dispatch: Dispatcher, version: int, line: int, character: int, text: str, turn: bool = True
+    dispatch: Dispatcher, version: int, line: int, character: int, text: str, turns: int = 2
 ) -> None:
-    """A didChange typing `text`; then, unless `turn` is False, one turn of the event loop, as when the
-    client's request comes in a later read."""
+    """A didChange typing `text`; then `turns` turns of the event loop. Two (one to handle what was read
+    with the edit, one what the next poll found) are a request that comes later."""
     change = did_change(version, {"range": span(line, character, line, character), "text": text})
     send(dispatch, {"method": "textDocument/didChange", "params": change})
-    if turn:
+    for _ in range(turns):
         await asyncio.sleep(0)
 
 
 async def session(
-    ls: DscoderServer, dispatch: Dispatcher, steps: list[tuple[str, int]], turn: bool = True
+    ls: DscoderServer, dispatch: Dispatcher, steps: list[tuple[str, int]], turns: int = 2
 ) -> list[Any]:
     """A first request at (1, 4), then per step: type `text` at column `col` of line 1 and ask at the
     end of what was typed. Returns the answers and the engine's request count after each edit."""
     out = [await ask(ls, dispatch, 1, 1, 4)]
     for version, (text, col) in enumerate(steps, start=2):
-        await edit(dispatch, version, 1, col, text, turn)
+        await edit(dispatch, version, 1, col, text, turns)
         out.append(ls.host.stats()["requests"])
         out.append(await ask(ls, dispatch, version, 1, col + len(text)))
     return out
@@ -101,11 +101,12 @@ async def test_the_request_takes_over_the_suggestion_its_edit_started(tiny_model
     assert "edit_starts" not in stats_off["counts"]
 
 
-async def test_a_request_read_with_its_edit_starts_as_before(tiny_model: Path) -> None:
+@pytest.mark.parametrize("turns", [0, 1], ids=["same read", "next poll"])
+async def test_a_request_read_with_its_edit_starts_as_before(tiny_model: Path, turns: int) -> None:
     ls, dispatch, _ = await loaded(tiny_model, maxTokens=6)
     try:
         before = ls.host.stats()["requests"]
-        got = await session(ls, dispatch, [("Z", 4), ("Q", 5)], turn=False)
+        got = await session(ls, dispatch, [("Z", 4), ("Q", 5)], turns=turns)
         assert got[1::2] == [before + 1, before + 2] and got[0] is not None
         assert [r["earlyMs"] for r in ls.stats.as_dict(8)["recent"]] == [None] * 3
         assert "edit_starts" not in ls.stats.counts

@@ -4,7 +4,8 @@
  * 1. typing a Python method header shows ghost text that appears and grows as the server streams it, never
  *    shows anything but a prefix of the final suggestion and never blinks out while it grows; Tab accepts
  *    exactly what is shown; the saved file on disk is exactly the typed text plus the suggestion; no
- *    completion item (suggest widget) is offered next to the inline suggestion;
+ *    completion item (suggest widget) is offered next to the inline suggestion; VS Code's requests, made
+ *    50 ms after a keystroke, find the suggestion their didChange started;
  * 2. a model that does not load shows `failed` with its reason in the status item;
  * 3. a server command that cannot start shows `stopped` with its reason; one that exits before it
  *    answers `initialize` shows its exit status and error line, and is not restarted; one that answers
@@ -36,14 +37,21 @@ const SETTLED_MS = 3_000;
 /** The server's one log line per finished request (response sent and decoding ended) in point.py. */
 const FINISHED = /request id=\d+ uri=\S*point\.py v=\d+ source=\S+ outcome=ok /;
 
-function finishedRequests(profile) {
+function serverLog(profile) {
   const log = path.join(profile.artifacts, 'server.log');
-  return fs.existsSync(log)
-    ? fs
-        .readFileSync(log, 'utf8')
-        .split('\n')
-        .filter((l) => FINISHED.test(l)).length
-    : 0;
+  return fs.existsSync(log) ? fs.readFileSync(log, 'utf8').split('\n') : [];
+}
+
+function finishedRequests(profile) {
+  return serverLog(profile).filter((l) => FINISHED.test(l)).length;
+}
+
+/** Requests in point.py that the server answered from the suggestion their didChange had started: VS Code
+ * asks 50 ms after the last keystroke, and the server does not wait for it (`startOnEdit`). */
+function startedFromTheEdit(profile) {
+  return serverLog(profile).filter((l) =>
+    /request id=\d+ uri=\S*point\.py .*source=engine .*earlyMs=/.test(l),
+  ).length;
 }
 
 export function baseSettings(profile) {
@@ -228,6 +236,16 @@ async function streamedSuggestionIsShownAcceptedAndSaved(page, profile) {
   });
   const { suggestWidget } = await ghostLog(page);
   check(!suggestWidget, 'the suggest widget showed completion items next to the inline suggestion');
+  // Typing on at human speed: VS Code asks 50 ms after each keystroke, and the server, which has started
+  // the suggestion from the keystroke's didChange, has it running when the request comes.
+  const before = startedFromTheEdit(profile);
+  await page.keyboard.press('End');
+  await page.keyboard.type('\nreturn', { delay: 120 });
+  await waitFor(
+    'a request answered from the suggestion its didChange started (earlyMs in the server log)',
+    () => startedFromTheEdit(profile) > before,
+    { timeoutMs: 20_000 },
+  );
 }
 
 /** Empties the focused editor and waits until it shows no text (ghost text aside; needs the recorder). */
