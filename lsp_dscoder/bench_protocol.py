@@ -41,6 +41,16 @@ class Plan:
     timeout_s: float = TIMEOUT_S
     request_delay_s: float = 0.0  # from a keystroke's didChange to its request (a client's debounce)
 
+    @staticmethod
+    def of(args: argparse.Namespace) -> Plan | None:
+        """The plan the command line asks for; None (and the reason on stderr) for bad sizes or counts."""
+        sizes = tuple(s.strip().lower() for s in args.sizes.split(","))
+        if any(s not in SIZES for s in sizes) or args.keystrokes < 1:
+            print(f"lsp-dscoder: error: --sizes takes {', '.join(SIZES)}; --keystrokes >= 1", file=sys.stderr)
+            return None
+        interval_s, delay_s = args.interval_ms / 1000.0, args.request_delay_ms / 1000.0
+        return Plan(sizes, args.keystrokes, interval_s, args.round_trips, request_delay_s=delay_s)
+
 
 @dataclass
 class Key:
@@ -215,18 +225,9 @@ def run_protocol(args: argparse.Namespace) -> int:
     from lsp_dscoder.bench import hf_config
     from lsp_dscoder.bundled import default_model_path
 
-    sizes = tuple(s.strip().lower() for s in args.sizes.split(","))
-    bad = [s for s in sizes if s not in SIZES]
-    if bad or args.keystrokes < 1:
-        print(f"lsp-dscoder: error: --sizes takes {', '.join(SIZES)}; --keystrokes >= 1", file=sys.stderr)
+    plan = Plan.of(args)
+    if plan is None:
         return 2
-    plan = Plan(
-        sizes,
-        args.keystrokes,
-        args.interval_ms / 1000.0,
-        args.round_trips,
-        request_delay_s=args.request_delay_ms / 1e3,
-    )
     settings = json.loads(args.settings)
     results = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from lsp_dscoder.bench_protocol import SIZES, Plan, bench_server
+from lsp_dscoder.bench_protocol import Plan, bench_server
 from lsp_dscoder.bench_report import distribution
 from lsp_dscoder.bundled import default_model_path
 from lsp_dscoder.remote_llama import LlamaServer, convert
@@ -187,17 +187,9 @@ def print_remote(report: dict[str, Any]) -> None:
 
 
 def run_remote(args: argparse.Namespace) -> int:
-    sizes = tuple(s.strip().lower() for s in args.sizes.split(","))
-    if any(s not in SIZES for s in sizes) or args.keystrokes < 1:
-        print(f"lsp-dscoder: error: --sizes takes {', '.join(SIZES)}; --keystrokes >= 1", file=sys.stderr)
+    plan = Plan.of(args)
+    if plan is None:
         return 2
-    plan = Plan(
-        sizes,
-        args.keystrokes,
-        args.interval_ms / 1000.0,
-        args.round_trips,
-        request_delay_s=args.request_delay_ms / 1e3,
-    )
     folder = Path(args.model) if args.model else default_model_path()
     with tempfile.TemporaryDirectory() as tmp, _endpoint(args.endpoint, folder, Path(tmp)) as endpoint:
         trace = Path(tmp) / "trace.jsonl"
