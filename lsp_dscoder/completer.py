@@ -170,6 +170,8 @@ class Completer:
     def _anticipated(self, session: DocumentSession, snap: Snapshot, asked: float | None) -> None:
         if session.asked != asked or session.version != snap.version or not self.host.ready:
             return  # a request came meanwhile, or another edit, or the engine went
+        if not self.settings.start_on_edit or self.settings.debounce_ms:
+            return  # settings changed meanwhile
         if self.sessions.get(snap.uri) is not session:
             return  # closed
         gen = session.generation
