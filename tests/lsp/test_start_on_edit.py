@@ -217,3 +217,21 @@ def test_the_setting_is_a_boolean() -> None:
         "dscoder: setting 'startOnEdit': expected true or false, got 'yes'; using the default True"
     ]
     assert parse({"startOnEdit": False})[0].start_on_edit is False
+
+
+async def test_the_request_finds_the_early_start_after_an_emoji(tiny_model: Path) -> None:
+    """The edit's end is found in code points, the request's position in UTF-16 units: "😀" is one code
+    point and two units, and the request at the unit after it takes the suggestion over."""
+    ls, dispatch, _ = await loaded(tiny_model, maxTokens=6)
+    try:
+        await ask(ls, dispatch, 1, 1, 4)
+        before = ls.host.stats()["requests"]
+        await edit(dispatch, 2, 1, 4, "😀")
+        early = ls.completer.sessions[URI].generation
+        assert early is not None and early.record is None
+        await ask(ls, dispatch, 2, 1, 6)
+        assert ls.host.stats()["requests"] == before + 1
+        assert early.record is not None and early.record.request_id == 2
+        assert ls.stats.counts["edit_starts_taken"] == 1
+    finally:
+        ls.host.close()
