@@ -149,15 +149,15 @@ class Completer:
             heal_text=prompt.heal_text,
         )
 
-    def anticipate(self, snap: Snapshot) -> None:
+    def anticipate(self, uri: str, snapshot: Callable[[], Snapshot]) -> None:
         """A keystroke's edit, before the completion request that follows it (`startOnEdit`): unless the
         request came with it (in the same read), start the suggestion for the cursor the edit leaves, so
         that the engine works while the client waits to ask (VS Code asks 50 ms after the last keystroke);
         the request takes it over in `begin`, or one for another place cancels it. Only while the client
-        asks for this document's suggestions, and never with a debounce of our own."""
-        s = self.settings
-        session = self.sessions.get(snap.uri)
-        if not s.start_on_edit or s.debounce_ms or session is None or session.asked is None:
+        asks for this document's suggestions, and never with a debounce of our own. `snapshot` is the
+        document at the edit's end, taken only then."""
+        session = self.sessions.get(uri)
+        if session is None or session.asked is None or not self._starts_early():
             return
         if self.stats.clock() - session.asked <= ASKING_S:
             # Two turns of the loop later: after the messages read with the edit, and after those the
@@ -165,15 +165,17 @@ class Completer:
             # them starts as before (an early start would only compete with its reading for the
             # interpreter), and this then does nothing.
             loop = asyncio.get_running_loop()
-            loop.call_soon(loop.call_soon, self._anticipated, session, snap, session.asked)
+            loop.call_soon(loop.call_soon, self._anticipated, session, snapshot(), session.asked)
+
+    def _starts_early(self) -> bool:
+        s = self.settings
+        return s.start_on_edit and not s.debounce_ms and self.host.ready
 
     def _anticipated(self, session: DocumentSession, snap: Snapshot, asked: float | None) -> None:
-        if session.asked != asked or session.version != snap.version or not self.host.ready:
-            return  # a request came meanwhile, or another edit, or the engine went
-        if not self.settings.start_on_edit or self.settings.debounce_ms:
-            return  # settings changed meanwhile
-        if self.sessions.get(snap.uri) is not session:
-            return  # closed
+        if session.asked != asked or session.version != snap.version:
+            return  # a request came meanwhile, or another edit
+        if self.sessions.get(snap.uri) is not session or not self._starts_early():
+            return  # closed, or the settings or the engine changed meanwhile
         gen = session.generation
         if gen is not None:
             if gen.typed_through(snap.text, snap.cursor) is not None:

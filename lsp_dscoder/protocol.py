@@ -85,9 +85,10 @@ class DscoderServer(LanguageServer):
         """The request's view of `doc`, and the cursor's position (the request's own unless it was past
         the line's end or inside a character). Raises PositionError (the client's mistake)."""
         cursor, character = doc.locate(position.line, position.character, self.encoding)
-        at = types.Position(line=position.line, character=character)
-        snap = Snapshot(doc.uri, doc.version, doc.text, cursor, doc.language_id, lambda: self._context(doc))
-        return snap, at
+        return self._snapshot_at(doc, cursor), types.Position(line=position.line, character=character)
+
+    def _snapshot_at(self, doc: Document, cursor: int) -> Snapshot:
+        return Snapshot(doc.uri, doc.version, doc.text, cursor, doc.language_id, lambda: self._context(doc))
 
     def is_current(self, doc: Document, snap: Snapshot) -> bool:
         return self.documents.is_current(doc, snap.version)
@@ -114,9 +115,7 @@ class DscoderServer(LanguageServer):
             return
         self.completer.changed(uri, doc.text, doc.version, doc.splice)
         if (splice := doc.splice) is not None:  # one ranged edit: the cursor is most likely at its end
-            cursor = splice.start + splice.length
-            snap = Snapshot(uri, doc.version, doc.text, cursor, doc.language_id, lambda: self._context(doc))
-            self.completer.anticipate(snap)
+            self.completer.anticipate(uri, lambda: self._snapshot_at(doc, splice.start + splice.length))
 
     def sync_refused(self, uri: str, method: str, reason: str) -> None:
         """A didOpen/didChange that could not be applied: say so, and answer nothing from the old text."""
