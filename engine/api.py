@@ -10,6 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# A typing burst ends this long after its last keystroke: the server's keep-warm replays and the engine
+# thread's stop then (lsp_dscoder/keep_warm.py, engine/warm.py).
+KEEP_WARM_WINDOW_S = 1.5
+
 
 class StopReason(enum.Enum):
     EOS = "eos"

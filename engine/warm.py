@@ -11,13 +11,13 @@ The device only serves the row's copy, and only while nothing else runs on it.
 
 from __future__ import annotations
 
-from lsp_dscoder.engine.api import CompletionRequest, TokenEvent
+from lsp_dscoder.engine.api import KEEP_WARM_WINDOW_S, CompletionRequest, TokenEvent
 from lsp_dscoder.engine.generate import HEALING
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.stops import StopStringFilter
 from lsp_dscoder.engine.tokenizer import Tokenizer
 
-WINDOW_S = 1.5  # no request for this long ends the replays
+WINDOW_S = KEEP_WARM_WINDOW_S  # no request for this long ends the replays
 
 
 def rehearse(request: CompletionRequest, cache: KVCache, tokenizer: Tokenizer) -> None:

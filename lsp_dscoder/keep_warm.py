@@ -29,6 +29,7 @@ from lsprotocol import types
 
 from lsp_dscoder.dispatch import PARTIAL_COMPLETION, json_message
 from lsp_dscoder.documents import Documents, Edit, keystroke_change
+from lsp_dscoder.engine.api import KEEP_WARM_WINDOW_S
 from lsp_dscoder.errors import DocumentSyncError
 from lsp_dscoder.framing import Framer
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _KEYSTROKE = (types.TEXT_DOCUMENT_DID_CHANGE, types.TEXT_DOCUMENT_INLINE_COMPLETION, types.CANCEL_REQUEST)
-WINDOW_S = 1.5  # a pause longer than this ends the burst
+WINDOW_S = KEEP_WARM_WINDOW_S  # a pause longer than this ends the burst (the engine thread's too)
 MAX_BODY = 4096  # bytes of a message that is replayed (a keystroke's messages take a few hundred)
 
 
