@@ -42,6 +42,13 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def linear_macs(self) -> int:
+        """Multiply-adds of every layer's linear maps for one token (QKV, O, gate/up, down; no LM head)."""
+        c = self.hidden_size
+        per_layer = c * (self.q_size + 2 * self.kv_size) + self.q_size * c + 3 * c * self.intermediate_size
+        return self.num_layers * per_layer
+
     @classmethod
     def from_dict(cls, raw: Any, source: str = "config.json") -> ModelConfig:
         if not isinstance(raw, dict):
@@ -189,6 +196,11 @@ def resolve(device: str = "auto", dtype: str | None = "auto") -> tuple[str, str]
     return device, dtype
 
 
+# Tokens a prefill step takes at most, unless the runner has longer steps that run faster
+# (engine/step_graphs.py next_chunk); the engine checks for a stop between steps.
+PREFILL_CHUNK = 512
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How to run a checkpoint. `max_context` sizes the KV buffer allocated once at start."""
@@ -198,7 +210,7 @@ class EngineConfig:
     dtype: str = "float32"
     max_context: int = 4096
     num_slots: int = 4
-    prefill_chunk: int = 512
+    prefill_chunk: int = PREFILL_CHUNK
     fast_path: bool | None = None  # None: on when the device is CUDA and Triton is importable
 
     def __post_init__(self) -> None:

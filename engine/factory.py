@@ -46,6 +46,9 @@ class ReferenceRunner:
     ) -> torch.Tensor | None:
         return self.model.forward_interruptible(ids, start, self.cache, slot, interrupted=interrupted)
 
+    def chunk(self, remaining: int, start: int, limit: int) -> int:
+        return min(remaining, limit)
+
     def decode(
         self, token: int, pos: int, slot: int, interrupted: Interrupted | None = None
     ) -> torch.Tensor | None:

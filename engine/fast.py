@@ -16,8 +16,9 @@ Small steps (a keystroke, a decode step) are captured as CUDA graphs per (slot, 
 tokens are padded to the bucket, the start position and the index of the last real token live in device
 tensors, so one replay serves any position. Padded tokens write K/V past the real ones, into rows that
 are overwritten before they are ever read (the buffer has `max_bucket` spare rows at its end).
-Larger prefills run the same kernels eagerly: Triton takes the length as a runtime argument, so
-varying lengths never recompile.
+A cold prompt of a small model also gets long prefill graphs (engine/step_graphs.py PREFILL_BUCKETS,
+used only where the step ends within the slot's rows); anything else larger runs the same kernels eagerly:
+Triton takes the length as a runtime argument, so varying lengths never recompile.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ import torch
 from lsp_dscoder.engine.awq import AwqLinear, PackedLayout
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
-from lsp_dscoder.engine.step_graphs import AHEAD, StepGraph, part_bounds, part_count
+from lsp_dscoder.engine.step_graphs import (
+    AHEAD,
+    StepGraph,
+    next_chunk,
+    part_bounds,
+    part_count,
+    prefill_buckets,
+)
 from lsp_dscoder.kernels.awq_dequant import awq_dequant, fragment_dequant
 from lsp_dscoder.kernels.awq_gemm import AwqWorkspace, awq_skinny
 from lsp_dscoder.kernels.awq_mma import awq_mma_sums, mma_supported
@@ -76,12 +84,18 @@ class FastRunner:
         fused_combine: bool | None = None,
         fused_residual: bool | None = None,
         parts: int | None = None,
+        long_buckets: tuple[int, ...] | None = None,
     ) -> None:
         if gemm not in GEMM_CHOICES:
             raise ValueError(f"gemm must be one of {GEMM_CHOICES}, got {gemm!r}")
         self.model, self.cache, self.cfg = model, cache, model.cfg
-        self.buckets = tuple(b for b in buckets if b <= cache.capacity - cache.max_context) if graphs else ()
         dev, cfg = model.device, model.cfg
+        if long_buckets is None:
+            long_buckets = prefill_buckets(cfg.linear_macs, cache.max_context)
+        # Padded buckets fit at any position (the cache's spare rows); long ones where `chunk` says.
+        padded = tuple(b for b in buckets if b <= cache.capacity - cache.max_context)
+        self.long_buckets = tuple(b for b in long_buckets if b > max(padded, default=0)) if graphs else ()
+        self.buckets = (*padded, *self.long_buckets) if graphs else ()
         self.cos_sin = rope_cos_sin(
             cache.capacity, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, dev
         )
@@ -271,6 +285,9 @@ class FastRunner:
     ) -> torch.Tensor | None:
         return self._step(ids, start, slot, interrupted)
 
+    def chunk(self, remaining: int, start: int, limit: int) -> int:
+        return next_chunk(remaining, start, self.long_buckets, self.cache.capacity, limit)
+
     def decode(
         self, token: int, pos: int, slot: int, interrupted: Interrupted | None = None
     ) -> torch.Tensor | None:
@@ -285,7 +302,8 @@ class FastRunner:
         if interrupted is not None and interrupted():
             return None
         t = ids.shape[0]
-        bucket = next((b for b in self.buckets if b >= t), None)
+        room = self.cache.capacity - start  # a bucket's padded rows must stay inside the slot
+        bucket = next((b for b in self.buckets if t <= b <= room), None)
         if bucket is None or (slot, bucket) not in self.graphs:
             self.counts["eager_forwards"] += 1
             pos = torch.full((1,), start, dtype=torch.int32, device=ids.device)

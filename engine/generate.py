@@ -53,6 +53,11 @@ class Runner(Protocol):
         """Run one token at position pos; logits (1, V) float32."""
         ...
 
+    def chunk(self, remaining: int, start: int, limit: int) -> int:
+        """Tokens of the next prefill step at `start`, of `remaining` (at most `limit` where the runner has
+        no longer steps that run faster)."""
+        ...
+
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator | None) -> int:
     if temperature <= 0:
@@ -201,7 +206,7 @@ def generate(
     prompt, logits, pos = begin.prompt, begin.logits, len(slot.tokens)
     stop = interrupted()
     while stop is None and pos < len(prompt):
-        n = min(prefill_chunk, len(prompt) - pos)
+        n = runner.chunk(len(prompt) - pos, pos, prefill_chunk)
         ids = torch.tensor(prompt[pos : pos + n], dtype=torch.long, device=device)  # (n,)
         logits = runner.prefill(ids, pos, slot.index, stale)
         if logits is None:

@@ -35,11 +35,37 @@ AHEAD = 0
 
 Interrupted = Callable[[], bool]
 
+# Prefill steps longer than the padded buckets (engine/fast.py BUCKETS), each one graph: a cold prompt in
+# a few long steps instead of 512-token ones, whose GEMMs run further from the FLOP rate. Only where such a
+# step stays short: a keystroke that supersedes it waits for the running part, and an unfinished step's
+# rows are lost, so a step must end well within the time between two keystrokes. PREFILL_STEP_FLOP is
+# ~13 ms of GEMMs at an H200's ~770 TFLOP/s: 4096 tokens of the 1.3B shape, none of 6.7B's (whose
+# 512-token steps already run near its FLOP floor).
+PREFILL_BUCKETS = (1024, 2048, 4096)
+PREFILL_STEP_FLOP = 1.0e13
+
 
 def part_count(layer_bytes: int, layers: int) -> int:
     """How many parts a step of a model whose layers hold `layer_bytes` of weights is cut into."""
     parts = min(MAX_PARTS, layers, max(MIN_PARTS, -(-layer_bytes // PART_BYTES)))
     return parts if parts >= MIN_PARTS and layer_bytes // parts >= MIN_PART_BYTES else 1
+
+
+def prefill_buckets(macs_per_token: int, max_context: int) -> tuple[int, ...]:
+    """The long prefill buckets a model gets: those that fit a slot from position 0 and whose GEMMs stay
+    under PREFILL_STEP_FLOP (`macs_per_token`: multiply-adds of all layers for one token)."""
+    fits = (b for b in PREFILL_BUCKETS if b <= max_context)
+    return tuple(b for b in fits if 2 * macs_per_token * b <= PREFILL_STEP_FLOP)
+
+
+def next_chunk(remaining: int, start: int, long_buckets: Sequence[int], capacity: int, limit: int) -> int:
+    """Tokens of the next prefill step at `start`: all of them up to `limit` (the engine's chunk); past it,
+    the longest bucket that the remaining tokens fill (no padding where a step costs FLOPs, not bytes) and
+    that ends within the slot's `capacity` rows, else `limit`."""
+    if remaining <= limit:
+        return remaining
+    fits = [b for b in long_buckets if limit < b <= remaining and start + b <= capacity]
+    return max(fits, default=limit)
 
 
 def part_bounds(layers: int, parts: int) -> list[range]:

@@ -1,8 +1,10 @@
 """`lsp-dscoder bench` (engine): the fast path against transformers on the same weights and the floors.
 
 Scenarios (GPU time by CUDA events, median of repetitions): cold prefill of 512/2K/4K/8K tokens, a
-keystroke (4 new tokens over 4K cached), a line change (256 over 4K), a decode step at 4K. Floors come
-from the GEMM rate and copy bandwidth this command measures itself.
+keystroke (4 new tokens over 4K cached), a line change (256 over 4K), a decode step at 4K. A prompt runs
+in the steps the engine takes (`prefill_steps`: 512 tokens, or a long prefill graph where the model has
+them), so "graph replays/step" counts them. Floors come from the GEMM rate and copy bandwidth this command
+measures itself.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from lsp_dscoder.engine.config import ModelConfig
+from lsp_dscoder.engine.config import PREFILL_CHUNK, ModelConfig
 from lsp_dscoder.engine.factory import Assembly
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
@@ -63,8 +65,8 @@ def measure_floors() -> dict[str, float]:
 
 
 def floor_ms(cfg: ModelConfig, new: int, prefix: int, floors: dict[str, float]) -> tuple[float, str]:
-    c, i, v, layers = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
-    linear = layers * (c * (cfg.q_size + 2 * cfg.kv_size) + cfg.q_size * c + 3 * c * i)
+    c, v, layers = cfg.hidden_size, cfg.vocab_size, cfg.num_layers
+    linear = cfg.linear_macs
     attn = 4 * layers * cfg.q_size * new * (prefix + (new + 1) / 2)
     flops = 2 * new * linear + attn + 2 * c * v
     kv_bytes = layers * 2 * cfg.kv_size * 2 * (prefix + new)
@@ -210,18 +212,29 @@ def run_engine(args: Any) -> int:
     return 0
 
 
+def prefill_steps(runner: Any, ids: torch.Tensor, start: int) -> torch.Tensor:
+    """ids at positions start.. of slot 0 in the steps the engine takes (engine/generate.py: the runner's
+    `chunk` of the engine's default PREFILL_CHUNK); the last step's logits."""
+    pos, end = start, start + len(ids)
+    while pos < end:
+        n = runner.chunk(end - pos, pos, PREFILL_CHUNK)
+        logits: torch.Tensor = runner.prefill(ids[pos - start : pos - start + n], pos, 0)
+        pos += n
+    return logits
+
+
 def measure(
     runner: Any, hf: Any, cfg: ModelConfig, new: int, prefix: int, reps: int, floors: dict[str, float]
 ) -> dict[str, Any]:
     ids = torch.randint(2, cfg.vocab_size, (prefix + new,), device="cuda")
     if prefix:
-        runner.prefill(ids[:prefix], 0, 0)
+        prefill_steps(runner, ids[:prefix], 0)
 
     def step() -> torch.Tensor:
         if new == 1 and prefix:
             logits: torch.Tensor = runner.decode(int(ids[-1]), prefix, 0)
         else:
-            logits = runner.prefill(ids[prefix:], prefix, 0)
+            logits = prefill_steps(runner, ids[prefix:], prefix)
         return logits
 
     n = reps if new <= 512 else max(3, reps // 4)

@@ -124,6 +124,8 @@ def test_the_submitter_is_released_once_when_a_forward_is_queued_or_text_is_emit
             log.append("decode")
             return inner.decode(token, pos, slot, interrupted)
 
+        chunk = inner.chunk
+
     def run(ids: tuple[int, ...]) -> list[str]:
         log.clear()
 

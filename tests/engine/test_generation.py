@@ -20,6 +20,7 @@ from lsp_dscoder.engine import (
 )
 from lsp_dscoder.engine.engine import ReferenceRunner
 from lsp_dscoder.engine.generate import generate
+from lsp_dscoder.engine.step_graphs import next_chunk
 from lsp_dscoder.engine.stops import StopStringFilter
 from tests.engine.fim import fim_prompt, req
 
@@ -127,7 +128,7 @@ def test_cancel_between_prefill_chunks_keeps_prefilled_chunks(engine: Engine) ->
                 cancel.set()
             return runner.prefill(ids, start, slot)  # finishes the chunk: the check comes after it
 
-        decode = runner.decode
+        decode, chunk = runner.decode, runner.chunk
 
     done = generate(
         req(prompt), CancelAfterTwoChunks(), engine.cache, engine.tokenizer, cancel, lambda e: None, 8, 0.0
@@ -259,6 +260,8 @@ def test_a_cancel_during_a_forward_stops_it_before_the_next_layer(tiny_model: Pa
 
                 return inner.decode(token, pos, slot, check)
 
+            chunk = inner.chunk
+
         done = generate(req(prompt, max_tokens=8), Counting(), eng.cache, eng.tokenizer, cancel, id, 64, 0)
         # The prefill ran all its layers; the first decode stopped after its first layer.
         assert checks == ["prefill"] * (layers - 1) + ["decode"]
@@ -271,3 +274,37 @@ def test_a_cancel_during_a_forward_stops_it_before_the_next_layer(tiny_model: Pa
         assert again.stats.prefilled_tokens == 0 and again.token_ids[0] == done.token_ids[0]
     with Engine(EngineConfig(model=tiny_model, max_context=256, num_slots=1)) as cold:
         assert cold.complete(req(prompt, max_tokens=6)).token_ids == again.token_ids
+
+
+class LongSteps:
+    """The reference runner, planning its prefill steps with `long` buckets as the fast path plans its
+    long prefill graphs, and recording each step's size."""
+
+    def __init__(self, engine: Engine, long: tuple[int, ...]) -> None:
+        self.inner, self.long = ReferenceRunner(engine.model, engine.cache), long
+        self.capacity, self.sizes = engine.cache.capacity, list[int]()
+        self.decode = self.inner.decode
+
+    def prefill(self, ids, start, slot, interrupted=None):  # type: ignore[no-untyped-def]
+        self.sizes.append(len(ids))
+        return self.inner.prefill(ids, start, slot, interrupted)
+
+    def chunk(self, remaining: int, start: int, limit: int) -> int:
+        return next_chunk(remaining, start, self.long, self.capacity, limit)
+
+
+def test_a_runner_with_long_prefill_steps_gives_the_same_completion_in_fewer_steps(engine: Engine) -> None:
+    text = "def long_function(argument_one, argument_two, argument_three):\n    return argument_one +"
+    prompt = fim_prompt(engine, text, "\n")
+    assert 32 + 8 < len(prompt) < 48  # one step of 32, one of 8, then the rest
+    runs = {}
+    for long in ((), (16, 32)):
+        for slot in engine.cache.slots:  # the same cold start for both
+            slot.truncate(0)
+        runner = LongSteps(engine, long)
+        r = generate(req(prompt, max_tokens=6), runner, engine.cache, engine.tokenizer, threading.Event(),
+                     lambda e: None, 8, 0.0)  # fmt: skip
+        runs[long] = (r.token_ids, r.text, r.stats.prefilled_tokens, r.stats.reused_tokens), runner.sizes
+    assert runs[(16, 32)][0] == runs[()][0] and runs[()][0][2] == len(prompt)
+    assert runs[(16, 32)][1] == [32, 8, len(prompt) - 40]
+    assert runs[()][1] == [8] * (len(prompt) // 8) + [len(prompt) % 8]

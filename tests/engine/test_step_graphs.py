@@ -9,14 +9,19 @@ from typing import Any
 
 import torch
 
+from lsp_dscoder.bench import hf_config
+from lsp_dscoder.engine.config import PREFILL_CHUNK, ModelConfig
 from lsp_dscoder.engine.step_graphs import (
     MAX_PARTS,
     MIN_PART_BYTES,
     MIN_PARTS,
     PART_BYTES,
+    PREFILL_STEP_FLOP,
     StepGraph,
+    next_chunk,
     part_bounds,
     part_count,
+    prefill_buckets,
 )
 
 
@@ -26,6 +31,34 @@ def test_part_bounds_cover_every_layer_once_in_order() -> None:
     assert part_bounds(62, 8) == [range(0, 7), range(7, 15), range(15, 23), range(23, 31),
                                   range(31, 38), range(38, 46), range(46, 54), range(54, 62)]  # fmt: skip
     assert part_bounds(3, 8) == [range(0, 1), range(1, 2), range(2, 3)]
+
+
+def test_long_prefill_steps_only_for_models_whose_step_stays_short() -> None:
+    macs = {name: ModelConfig.from_dict(hf_config(name)).linear_macs for name in ("1.3b", "6.7b", "33b")}
+    assert macs["1.3b"] == 24 * (2048 * 6144 + 2048 * 2048 + 3 * 2048 * 5504)
+    assert prefill_buckets(macs["1.3b"], 8256) == (1024, 2048, 4096)
+    assert prefill_buckets(macs["1.3b"], 3000) == (1024, 2048)  # a bucket must fit a slot from position 0
+    assert prefill_buckets(macs["6.7b"], 8256) == prefill_buckets(macs["33b"], 8256) == ()
+    assert prefill_buckets(int(PREFILL_STEP_FLOP / 2 / 2048), 8256) == (1024, 2048)  # the bound included
+
+
+def test_next_chunk_fills_long_buckets_without_padding_and_keeps_inside_the_slot() -> None:
+    long, cap = (1024, 2048, 4096), 8192 + 512
+    assert next_chunk(300, 0, long, cap, PREFILL_CHUNK) == 300  # up to the engine's chunk: all of it
+    assert next_chunk(512, 0, long, cap, PREFILL_CHUNK) == 512
+    assert next_chunk(900, 0, long, cap, PREFILL_CHUNK) == 512  # 1024 would pad 124 rows of FLOPs
+    assert next_chunk(2500, 0, long, cap, PREFILL_CHUNK) == 2048
+    assert next_chunk(4096, 0, long, cap, PREFILL_CHUNK) == 4096
+    assert next_chunk(9000, 0, long, cap, PREFILL_CHUNK) == 4096
+    assert next_chunk(9000, 5000, long, cap, PREFILL_CHUNK) == 2048  # 4096 would end past the slot's rows
+    assert next_chunk(9000, 8000, long, cap, PREFILL_CHUNK) == 512
+    assert next_chunk(9000, 0, (), cap, PREFILL_CHUNK) == 512  # no long buckets: the engine's chunk
+    # A prompt of 6000 tokens, planned step by step: each step a bucket it fills, the tail padded as before.
+    steps, pos = [], 0
+    while pos < 6000:
+        steps.append(next_chunk(6000 - pos, pos, long, cap, PREFILL_CHUNK))
+        pos += steps[-1]
+    assert steps == [4096, 1024, 512, 368]
 
 
 def test_part_count_follows_the_bytes_and_skips_cuts_that_would_not_pay() -> None:
