@@ -93,8 +93,9 @@ class KeepWarm:
         started = time.thread_time()  # CPU time: the GIL may keep the replay waiting, at no cost
         try:
             self.replay()
-        except Exception as exc:  # stale input (a closed document, a moved position): this replay only
-            log.debug("keep-warm replay skipped: %s", exc)
+        except Exception as exc:  # stale or bad input (a closed document, a malformed request): its
+            log.debug("keep-warm replay skipped: %s", exc)  # messages are dropped until the next keystroke
+            self._bodies.clear()
         self.busy_s += time.thread_time() - started
         self._schedule()
 
@@ -140,7 +141,7 @@ class KeepWarm:
 
     def _request(self, data: dict[str, Any]) -> None:
         server = self._server
-        params = server.protocol.structure_message(data).params
+        params = server.protocol.structure_quietly(data).params  # a bad request was answered once, when read
         doc = server.documents.get(params.text_document.uri)
         snap, at = server.snapshot(doc, params.position)
         server.completer.rehearse(snap)

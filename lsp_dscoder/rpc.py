@@ -80,6 +80,13 @@ class DscoderProtocol(LanguageServerProtocol):
             self._send_response(data["id"], error=JsonRpcInvalidParams(message).to_response_error())
             return _Answered()
 
+    def structure_quietly(self, data: dict[str, Any]) -> Any:
+        """The message as `structure_message` makes it, for work that answers nothing (keep_warm.py): a
+        message that does not parse raises, and no error response goes out."""
+        if "method" in data and "params" not in data:
+            data = {**data, "params": None}
+        return self._structure(data)
+
     def _structure(self, data: dict[str, Any]) -> Any:
         if "id" not in data:
             kind = self.get_message_type(data.get("method", "")) or JsonRPCNotification

@@ -126,6 +126,22 @@ async def test_a_replay_of_a_closed_document_is_skipped_and_serving_goes_on() ->
     ls.keep_warm.close()
 
 
+async def test_a_malformed_request_is_answered_once_and_not_replayed(tiny_model: Path) -> None:
+    ls, dispatch, writes = serve(keepWarmMs=1)
+    bad = {
+        "textDocument": {"uri": URI},
+        "position": {"line": -1, "character": 0},
+        "context": {"triggerKind": 2},
+    }
+    send(dispatch, {"id": 7, "method": "textDocument/inlineCompletion", "params": bad})
+    send(dispatch, {"id": 8, "method": "textDocument/inlineCompletion"})  # no params at all
+    await asyncio.sleep(0.1)  # a burst of replays every millisecond
+    answers = [m for m in writes.messages() if m.get("id") in (7, 8)]
+    assert [(m["id"], m["error"]["code"]) for m in answers] == [(7, -32602), (8, -32602)]
+    assert ls.keep_warm._bodies == {}  # dropped after the first replay that failed
+    ls.keep_warm.close()
+
+
 async def test_a_replay_at_a_position_past_the_copy_takes_a_new_copy() -> None:
     ls, dispatch, _ = serve(keepWarmMs=1000)
     keystroke(dispatch, 2, 1, 4, "x")
