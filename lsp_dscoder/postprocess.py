@@ -72,7 +72,7 @@ class Shaper:
         if self.stopped or not piece:
             return
         self._raw += piece
-        lines = self._raw.split("\n")
+        lines = self._lines()
         if not self._first_done and len(lines) > 1:
             self._first_done = True
             self._balance += self._bracket_delta(lines[0])
@@ -98,7 +98,7 @@ class Shaper:
 
     def finish(self) -> str:
         """Generation ended: judge the unterminated last line and release withheld text."""
-        lines = self._raw.split("\n")
+        lines = self._lines(whole=True)
         if not self.stopped and len(lines) > 1 + len(self._accepted_lines) and lines[-1].strip():
             self._judge(lines[-1])
         self._finished, self._open = True, ""
@@ -139,8 +139,15 @@ class Shaper:
             return True
         return False
 
+    def _lines(self, whole: bool = False) -> list[str]:
+        """The generated text's lines. A model continuing a CRLF document writes "\r\n": every line break
+        of LSP (\r\n, \r, \n) becomes "\n" in the suggestion (editors insert it with the document's own
+        line ends), and a trailing "\r" waits for what follows it unless generation has ended."""
+        raw = self._raw if whole or not self._raw.endswith("\r") else self._raw[:-1]
+        return raw.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
     def _has_content(self) -> bool:
-        first = self._raw.split("\n", 1)[0]
+        first = self._lines()[0]
         return bool(first.strip()) or any(line.strip() for line in self._accepted_lines)
 
     @staticmethod
@@ -148,7 +155,7 @@ class Shaper:
         return sum(_OPEN.get(c, 0) for c in line)
 
     def _render(self) -> str:
-        first = self._raw.split("\n", 1)[0]
+        first = self._lines(whole=self._finished)[0]
         if self.ctx.single_line:
             first = first[: len(first) - self._closers_to_drop(first)]
         lines = [first, *self._accepted_lines, *([self._open] if self._open else [])]

@@ -56,6 +56,33 @@ def test_stop_rules(document, generated, text, rule):
     assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(shown))
 
 
+@pytest.mark.parametrize("chunks", [["\r\n"], ["\r", "\n"]])
+def test_a_crlf_line_end_is_a_line_end_and_no_stray_carriage_return_is_shown(chunks):
+    # The first line ends the suggestion where the line has text to the cursor's right...
+    document = "x = 1\r\ny = f(|)\r\n"
+    shaper = Shaper(CursorContext.at(document.replace("|", ""), document.index("|")))
+    for piece in ["g(b", *chunks, "z = 1"]:
+        shaper.feed(piece)
+        assert "\r" not in shaper.text
+    assert shaper.text == "g(b" and shaper.finish() == "g(b"
+    # ...and where it has none, later lines follow, every break an "\n".
+    shaper = Shaper(CursorContext.at("def f(x):\r\n    ", 15))  # the end of the document
+    shown = []
+    for piece in ["if x:", *chunks, "        return 1", *chunks, *chunks, "def g():"]:
+        shaper.feed(piece)
+        shown.append(shaper.text)
+    assert shaper.finish() == "if x:\n        return 1" and shaper.rule is StopRule.BLANK_AFTER_BLOCK
+    assert all(b.startswith(a) for a, b in itertools.pairwise(shown)) and "\r" not in "".join(shown)
+
+
+def test_a_suggestion_that_is_only_a_line_end_shows_nothing():
+    for generated in ("\r\n", "\r"):
+        shaper = Shaper(CursorContext.at("x = 1\r\ny = 2\r\n", 12))
+        for ch in generated:
+            shaper.feed(ch)
+        assert shaper.finish() == ""
+
+
 def test_emoji_and_cjk_pass_through_unchanged():
     text, rule, _ = shape("s = '|'\n", "😀 你好'\n")
     assert (text, rule) == ("😀 你好", StopRule.LINE_END)
