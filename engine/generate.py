@@ -78,10 +78,11 @@ class Healing:
     nothing until the next decode step; one that spells only part of it shows nothing for a step or more
     and leaves the rest to spell in pieces. So the exact token's odds are divided by `exact_odds` against
     the longer ones, and a partial token's by `partial_odds` more: each is chosen only when the model is
-    that much surer of it. Indentation keeps its exact token even: the tokenizer itself spells spaces
-    before a word as a run and a space on the word, so a longer run would leave the slot's tokens (and
-    the model's own spelling) behind once the user types on. Odds of 1 are plain healing; the measured
-    choice of `exact_odds` is in docs/benchmarks.md."""
+    that much surer of it. Indentation is healed plainly, every tier even: the tokenizer itself spells
+    spaces before a word as a run and a space on the word (4 typed spaces before `return` are "   " +
+    " return", a partial token), and a longer run indents deeper than the user did; favouring it turned
+    4 typed spaces into 8. Odds of 1 are plain healing; the measured choice of `exact_odds` is in
+    docs/benchmarks.md."""
 
     partial_odds: float = 16.0
     exact_odds: float = 4.0
@@ -105,10 +106,12 @@ class Healing:
         row = np.asarray(logits, dtype=np.float32).reshape(-1)
         out = np.full_like(row, -np.inf)
         out[longer] = row[longer]
+        if text.isspace():  # indentation: every tier even (a longer run indents deeper than typed)
+            out[exact], out[partial] = row[exact], row[partial]
+            return out
         handicap = 0.0
         if len(exact):
-            if len(longer) and not text.isspace():
-                handicap = math.log(self.exact_odds)
+            handicap = math.log(self.exact_odds) if len(longer) else 0.0
             out[exact] = row[exact] - np.float32(handicap)
         if len(partial):
             handicap += math.log(self.partial_odds) if len(longer) or len(exact) else 0.0

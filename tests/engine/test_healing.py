@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -68,6 +69,20 @@ def test_each_tier_further_from_showing_text_wins_only_when_the_model_is_that_mu
     assert len(spaces[0]) and len(spaces[1])
     logits[0, spaces[1][0]], logits[0, spaces[0][0]] = 2.0, 1.0
     assert Healing(16.0, math.inf).logits(logits, *spaces, "   ").argmax() == spaces[1][0]
+    # Every tier is even for indentation: 4 typed spaces before `return` are the partial "   " and
+    # " return", and a longer run of spaces would indent deeper than the user did.
+    longer, exact, partial = tok.healing_index("    ")
+    three, seven = tok.encode("   ")[0], tok.encode("       ")[0]
+    assert (
+        three in partial.tolist()
+        and seven in longer.tolist()
+        and texts(tok, (three, seven)) == ["   ", " " * 7]
+    )
+    logits[0, three], logits[0, seven] = 3.0, 3.0 - math.log(2.0)  # the model: twice as sure of "   "
+    masked = HEALING.logits(logits, longer, exact, partial, "    ")
+    assert (
+        masked.argmax() == three and masked[three] == 3.0 and masked[seven] == np.float32(3.0 - math.log(2.0))
+    )
     # With no covering token the handicap is common to all: the likeliest partial token wins.
     index = tok.healing_index(" split_words")
     logits[0, 4865], logits[0, 6180] = 2.0, 1.0
