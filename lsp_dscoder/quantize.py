@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from lsp_dscoder.engine.awq import GROUP_SIZES, AwqConfig, check_divisible
 from lsp_dscoder.engine.config import ModelConfig
-from lsp_dscoder.engine.errors import CheckpointError
+from lsp_dscoder.engine.errors import CheckpointError, EngineError
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.engine.weights import INDEX, SINGLE, linear_shapes, shard_map
 from lsp_dscoder.kernels.awq_format import pack_int4, quantize_groups
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         if args.calibration:
             texts = [f.read_text(encoding="utf-8", errors="replace") for f in args.calibration]
         quantize_checkpoint(args.src, args.dst, opts, texts, log=lambda m: print(m, file=sys.stderr))
-    except (CheckpointError, ValueError, OSError) as e:
+    except (EngineError, SafetensorError, ValueError, OSError) as e:  # a bad or unsupported checkpoint
         print(f"lsp-dscoder quantize: {e}", file=sys.stderr)
         return 2
     print(f"wrote {args.dst}", file=sys.stderr)

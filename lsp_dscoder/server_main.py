@@ -23,12 +23,19 @@ from lsp_dscoder import settings as settings_mod
 from lsp_dscoder.settings import DType
 
 
+def _port(text: str) -> int:
+    port = int(text) if text.isdigit() else -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 0..65535, got {text!r}")
+    return port
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--stdio", action="store_true", help="speak LSP over stdin/stdout (default)")
     mode.add_argument("--tcp", action="store_true", help="listen for one client over TCP")
     parser.add_argument("--host", default="127.0.0.1", help="TCP address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=2087, help="TCP port (default 2087)")
+    parser.add_argument("--port", type=_port, default=2087, help="TCP port (default 2087)")
     parser.add_argument("--model", help="checkpoint folder or cached repo id (default: the bundled model)")
     parser.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     parser.add_argument("--dtype", choices=[d.value for d in DType], help="default: auto")
@@ -100,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
     from lsp_dscoder.rpc import DscoderProtocol
     from lsp_dscoder.server import create_server
 
-    _setup_logging(args)
+    try:
+        _setup_logging(args)
+    except OSError as e:
+        print(f"lsp-dscoder: error: cannot write the log file: {e}", file=sys.stderr)
+        return 2
     cli = {
         "model": args.model,
         "device": args.device,

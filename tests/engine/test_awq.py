@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 from types import ModuleType
 
@@ -312,6 +313,20 @@ def test_cli_quantize(
     # The default tiny model's intermediate size (176) is no multiple of 128: refused, exit code 2.
     assert main(["quantize", str(tiny_model), str(tmp_path / "no")]) == 2
     assert "cannot be AWQ-packed with group_size 128" in capsys.readouterr().err
+    # An unsupported architecture and a truncated shard: one line each, no traceback.
+    other = tmp_path / "v2"
+    shutil.copytree(dense, other)
+    raw = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**raw, "architectures": ["DeepseekV2ForCausalLM"]}))
+    assert main(["quantize", str(other), str(tmp_path / "no2")]) == 2
+    err = capsys.readouterr().err
+    assert "unsupported architecture DeepseekV2ForCausalLM" in err and "Traceback" not in err
+    shutil.copytree(dense, other, dirs_exist_ok=True)
+    shard = next(other.glob("*.safetensors"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert main(["quantize", str(other), str(tmp_path / "no3"), "--method", "rtn", "--group-size", "64"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") <= 2 and "lsp-dscoder quantize: " in err and "Traceback" not in err
 
 
 def test_packed_weights_served_by_the_reference_path_are_dequantized(quantized: dict[str, Path]) -> None:

@@ -157,3 +157,14 @@ def test_complete_refuses_what_cannot_work_in_one_line(tiny_model: Path, tmp_pat
         assert out.returncode == 2, out.stderr
         assert out.stderr.strip().splitlines()[-1].startswith("lsp-dscoder: error: ")
         assert message in out.stderr.strip().splitlines()[-1] and "Traceback" not in out.stderr
+
+
+def test_serve_refuses_a_bad_port_and_an_unwritable_log_file_in_one_line(tmp_path: Path) -> None:
+    res = cli("serve", "--tcp", "--port", "99999")
+    assert res.returncode == 2 and "argument --port: a TCP port is 0..65535, got '99999'" in res.stderr
+    res = cli("serve", "--stdio", "--log-file", str(tmp_path / "missing" / "x.log"))
+    assert res.returncode == 2 and res.stdout == ""
+    assert (
+        res.stderr.startswith("lsp-dscoder: error: cannot write the log file: ")
+        and "Traceback" not in res.stderr
+    )
