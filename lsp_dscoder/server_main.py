@@ -124,10 +124,10 @@ def run(args: argparse.Namespace) -> int:
         "apiKeyEnv": args.api_key_env,
         "remotePrompt": args.remote_prompt,
     }
-    base, problems = settings_mod.parse({k: v for k, v in cli.items() if v is not None})
+    base, problems = settings_mod.parse({k: v for k, v in cli.items() if v is not None}, refuse=True)
     if problems:
         for problem in problems:
-            logging.getLogger(__name__).error("%s", problem)
+            print(f"lsp-dscoder: error: {problem.removeprefix('dscoder: ')}", file=sys.stderr)
         return 2
     ls = create_server(base)
     ls.host.notify = lambda level, message: ls.show(message, _message_type(level))

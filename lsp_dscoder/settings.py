@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -199,8 +200,10 @@ def section(raw: Any) -> Mapping[str, Any]:
     return inner if isinstance(inner, Mapping) else raw
 
 
-def parse(raw: Any, base: Settings = DEFAULTS) -> tuple[Settings, list[str]]:
-    """Apply the client's values over `base`. Returns the settings and one message per rejected value."""
+def parse(raw: Any, base: Settings = DEFAULTS, refuse: bool = False) -> tuple[Settings, list[str]]:
+    """Apply the client's values over `base`. Returns the settings and one message per rejected value; a
+    rejected value keeps `base`'s (the command line's, or the default), which the message names unless
+    `refuse` (the command line itself: its caller stops)."""
     values = section(raw)
     changes: dict[str, Any] = {}
     problems: list[str] = []
@@ -212,10 +215,13 @@ def parse(raw: Any, base: Settings = DEFAULTS) -> tuple[Settings, list[str]]:
         try:
             changes[name] = _CHECKS[name](value)
         except ValueError as exc:
-            default = getattr(DEFAULTS, name)
-            shown = default.value if isinstance(default, enum.Enum) else default
-            problems.append(f"dscoder: setting {key!r}: {exc}; using the default {shown!r}")
-            changes[name] = default
+            kept = getattr(base, name)
+            source = "the default" if kept == getattr(DEFAULTS, name) else "the command line's"
+            shown = json.dumps(kept.value if isinstance(kept, enum.Enum) else kept)
+            problems.append(
+                f"dscoder: setting {key!r}: {exc}" + ("" if refuse else f"; using {source} {shown}")
+            )
+            changes[name] = kept
     settings = dataclasses.replace(base, **changes)
     if (room := prompt_room(settings)) < MIN_PROMPT_TOKENS:
         # Back to the values before this change (the command line's, or the last good ones).

@@ -168,3 +168,12 @@ def test_serve_refuses_a_bad_port_and_an_unwritable_log_file_in_one_line(tmp_pat
         res.stderr.startswith("lsp-dscoder: error: cannot write the log file: ")
         and "Traceback" not in res.stderr
     )
+
+
+def test_serve_refuses_a_bad_command_line_setting_without_claiming_to_go_on() -> None:
+    res = cli("serve", "--stdio", "--max-context", "5")
+    assert res.returncode == 2 and res.stdout == ""
+    assert (
+        res.stderr
+        == "lsp-dscoder: error: setting 'maxContext': expected an integer in [64, 1048576], got 5\n"
+    )

@@ -69,7 +69,7 @@ def test_settings_defaults_and_values():
     assert to_json(settings)["responseMode"] == "full" and to_json(DEFAULTS)["debounceMs"] == 0
 
 
-def test_bad_settings_fall_back_to_defaults_with_a_message():
+def test_bad_settings_fall_back_to_the_base_with_a_message():
     base = Settings(max_tokens=7)
     settings, problems = parse(
         {
@@ -83,18 +83,34 @@ def test_bad_settings_fall_back_to_defaults_with_a_message():
         base,
     )
     assert (settings.max_tokens, settings.response_mode, settings.num_slots) == (
-        128,
+        7,
         ResponseMode.FIRST_LINE,
         2,
     )
     assert problems == [
-        "dscoder: setting 'maxTokens': expected an integer in [1, 65536], got -3; using the default 128",
+        "dscoder: setting 'maxTokens': expected an integer in [1, 65536], got -3; using the command line's 7",
         "dscoder: setting 'responseMode': expected one of 'firstLine', 'full', got 'all'; "
-        "using the default 'firstLine'",
+        'using the default "firstLine"',
         "dscoder: setting 'debounceMs': expected an integer in [0, 10000], got True; using the default 0",
         "dscoder: setting 'device': expected 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'; "
-        "using the default 'auto'",
+        'using the default "auto"',
         "dscoder: unknown setting 'colour' ignored",
+    ]
+
+
+def test_a_bad_value_keeps_the_command_lines_and_the_command_line_itself_is_refused():
+    cli, problems = parse({"numSlots": 2, "maxContext": 2048, "dtype": "float16"}, refuse=True)
+    assert problems == []
+    settings, problems = parse({"numSlots": 1000, "maxContext": "big", "maxTokens": 0}, cli)
+    assert (settings.num_slots, settings.max_context, settings.max_tokens) == (2, 2048, 128)
+    assert problems == [
+        "dscoder: setting 'numSlots': expected an integer in [1, 64], got 1000; using the command line's 2",
+        "dscoder: setting 'maxContext': expected an integer in [64, 1048576], got 'big'; "
+        "using the command line's 2048",
+        "dscoder: setting 'maxTokens': expected an integer in [1, 65536], got 0; using the default 128",
+    ]
+    assert parse({"numSlots": 0}, refuse=True)[1] == [
+        "dscoder: setting 'numSlots': expected an integer in [1, 64], got 0"
     ]
 
 
@@ -106,7 +122,7 @@ def test_completion_fallback_setting():
     assert settings.completion_fallback is CompletionFallback.AUTO
     assert problems == [
         "dscoder: setting 'completionFallback': expected one of 'auto', 'always', 'never', got 'sometimes'; "
-        "using the default 'auto'"
+        'using the default "auto"'
     ]
 
 

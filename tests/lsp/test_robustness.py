@@ -167,7 +167,7 @@ async def test_did_change_configuration_pushed_and_pulled(editor):
     assert (stats["settings"]["debounceMs"], stats["settings"]["responseMode"]) == (5, "firstLine")
     assert editor.client.messages[-1].message == (
         "dscoder: setting 'responseMode': expected one of 'firstLine', 'full', got 'x'; using the default "
-        "'firstLine'"
+        '"firstLine"'
     )
     editor.client.set_configuration({"maxTokens": 50}, section="dscoder")
     editor.client.workspace_did_change_configuration(types.DidChangeConfigurationParams(settings=None))

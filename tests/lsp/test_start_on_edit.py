@@ -214,7 +214,7 @@ def test_the_setting_is_a_boolean() -> None:
     settings, problems = parse({"startOnEdit": "yes"})
     assert settings.start_on_edit is True
     assert problems == [
-        "dscoder: setting 'startOnEdit': expected true or false, got 'yes'; using the default True"
+        "dscoder: setting 'startOnEdit': expected true or false, got 'yes'; using the default true"
     ]
     assert parse({"startOnEdit": False})[0].start_on_edit is False
 
