@@ -60,10 +60,15 @@ class ModelConfig:
             )
         archs = raw.get("architectures") or []
         archs = [str(a) for a in archs] if isinstance(archs, list) else [str(archs)]
-        if raw.get("model_type") != "llama" or not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-            found = ", ".join(archs) or raw.get("model_type") or "unknown"
+        model_type = raw.get("model_type")
+        if model_type != "llama" or not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+            found = f"architectures {archs or 'missing'}, model_type {model_type!r}"
+            if not any(a in SUPPORTED_ARCHITECTURES for a in archs):  # the usual case: name the architecture
+                found = f"architecture {', '.join(archs) or model_type or 'unknown'}"
+                if not archs:
+                    found += " (no 'architectures' list)"
             raise UnsupportedModelError(
-                f"unsupported architecture {found} in {source}: lsp-dscoder runs Llama-architecture "
+                f"unsupported {found} in {source}: lsp-dscoder runs Llama-architecture "
                 "DeepSeek-Coder checkpoints (LlamaForCausalLM, e.g. deepseek-coder-1.3b/6.7b/33b-base); "
                 "DeepSeek-V2 MoE and other architectures are not supported"
             )

@@ -45,6 +45,21 @@ def test_unsupported_architecture(copy) -> None:
         load(folder)
 
 
+def test_an_architecture_and_model_type_that_disagree_are_both_named(copy) -> None:
+    folder = copy()
+    edit_config(folder, architectures=["LlamaForCausalLM"], model_type="deepseek_v2")
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"unsupported architectures \['LlamaForCausalLM'\], model_type 'deepseek_v2' in",
+    ):
+        load(folder)
+    edit_config(folder, architectures=[], model_type="llama")
+    with pytest.raises(
+        UnsupportedModelError, match=r"unsupported architecture llama \(no 'architectures' list\) in"
+    ):
+        load(folder)
+
+
 def test_remote_code_is_refused(copy) -> None:
     folder = copy()
     edit_config(folder, auto_map={"AutoModelForCausalLM": "modeling_x.XForCausalLM"})
