@@ -22,6 +22,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from lsp_dscoder.engine.awq import GROUP_SIZES, AwqConfig, check_divisible
+from lsp_dscoder.engine.checkpoint import resolve_model
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.errors import CheckpointError, EngineError
 from lsp_dscoder.engine.tokenizer import Tokenizer
@@ -85,7 +86,11 @@ def quantize_checkpoint(
     texts: list[str] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> list[ScaleChoice]:
-    """Write the AWQ checkpoint of `src` into `dst`; returns the scale choices (empty for RTN)."""
+    """Write the AWQ checkpoint of `src` (a folder, or a repo id in the local Hugging Face cache) into
+    `dst`, a new or empty folder; returns the scale choices (empty for RTN)."""
+    src = resolve_model(src)
+    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
+        raise CheckpointError(f"{dst} exists and is not an empty folder: name a new one for the checkpoint")
     cfg = ModelConfig.from_file(src / "config.json")
     if cfg.quantization is not None:
         raise CheckpointError(f"{src} is already quantized ({cfg.quantization})")
@@ -157,7 +162,7 @@ def write_checkpoint(src: Path, dst: Path, tensors: dict[str, torch.Tensor], opt
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", type=Path, help="bf16/fp16/fp32 checkpoint folder")
-    p.add_argument("dst", type=Path, help="folder for the AWQ checkpoint (created)")
+    p.add_argument("dst", type=Path, help="folder for the AWQ checkpoint (created; must not hold files)")
     p.add_argument("--group-size", type=int, default=128, choices=GROUP_SIZES)
     p.add_argument("--method", default="awq", choices=METHODS, help="awq: activation-aware scales; rtn: none")
     p.add_argument("--calibration", type=Path, nargs="+", help="code files for calibration (default: stdlib)")

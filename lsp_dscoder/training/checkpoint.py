@@ -8,6 +8,7 @@ transformers 4.x/5.x) reads, so config.json is written in that form.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,13 +115,23 @@ def save(model, config, folder: Path, max_shard_bytes: int) -> None:
     (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def save_tensors(
     folder: Path, tensors: dict[str, torch.Tensor], max_shard_bytes: int, single: str | None = None
 ) -> None:
     """Safetensors shards of at most `max_shard_bytes` (a larger tensor gets one of its own) and their
     `model.safetensors.index.json`; with `single` given, tensors that fit in one shard go to that one file
     without an index."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file as save_shard
+
+    def save_file(shard: dict[str, torch.Tensor], path: str, metadata: dict[str, str]) -> None:
+        save_shard(shard, path, metadata=metadata)
+        os.chmod(path, 0o666 & ~_umask())  # as open() would create it (safetensors leaves 0600)
 
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0

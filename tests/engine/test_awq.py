@@ -327,6 +327,13 @@ def test_cli_quantize(
     assert main(["quantize", str(other), str(tmp_path / "no3"), "--method", "rtn", "--group-size", "64"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") <= 2 and "lsp-dscoder quantize: " in err and "Traceback" not in err
+    # A missing source, and a destination that already holds files (the checkpoint written above).
+    assert main(["quantize", str(tmp_path / "missing"), str(tmp_path / "no4")]) == 2
+    assert f"model folder {tmp_path / 'missing'} does not exist" in capsys.readouterr().err
+    assert main(["quantize", str(dense), str(dst), "--method", "rtn", "--group-size", "64"]) == 2
+    assert f"{dst} exists and is not an empty folder" in capsys.readouterr().err
+    modes = {f.name: f.stat().st_mode & 0o777 for f in dst.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"]  # not safetensors' own 0600
 
 
 def test_packed_weights_served_by_the_reference_path_are_dequantized(quantized: dict[str, Path]) -> None:
