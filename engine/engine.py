@@ -96,6 +96,7 @@ class Engine:
                 f"but the model only {self.model_config.vocab_size}"
             )
         self.tokenizer.prepare_healing()  # token healing's vocabulary index, before the first keystroke
+        report("reading config", 1, 1)
         self.device = torch.device(config.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise EngineError(f"device {config.device} requested but CUDA is not available here")
@@ -120,7 +121,7 @@ class Engine:
             built.runner,
             built.fast_path,
         )
-        report("ready", 1, 1)
+        report("allocating KV cache", 1, 1)  # and the fast path's warm-up (its own stage in between)
 
     def submit(self, request: CompletionRequest, hand_off: bool = False) -> CompletionHandle:
         """Queue a request. Raises ContextOverflowError / EngineError on bad input. Returns at once, or with

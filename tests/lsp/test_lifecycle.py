@@ -76,7 +76,15 @@ async def test_a_model_that_fails_to_load_then_a_reload(tiny_model, tmp_path):
     editor.client.progress_reports.clear()
     change = types.DidChangeConfigurationParams(settings={"dscoder": {"model": str(tiny_model)}})
     editor.client.workspace_did_change_configuration(change)
-    assert (await editor.ready())[-1].message == "ready"
+    reports = [r.message for r in await editor.ready()]
+    assert reports[-1] == "ready"
+    # Each stage reports its start and its end, in order, and the end comes once, last.
+    for stage in ("import", "reading config", "allocating KV cache", "warmup"):
+        assert reports.index(f"{stage} 0/1") < reports.index(f"{stage} 1/1"), reports
+    assert (
+        reports.index("reading config 1/1") < reports.index("allocating KV cache 0/1")
+        and reports.count("ready") == 1
+    )
     request = editor.inline(doc, 1, 4)
     await request.result()
     assert (await editor.record(request))["outcome"] in ("ok", "empty")
