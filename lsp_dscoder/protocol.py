@@ -121,7 +121,10 @@ class DscoderServer(LanguageServer):
         """A didOpen/didChange that could not be applied: say so, and answer nothing from the old text."""
         self.documents.refuse(uri, reason)
         self.completer.closed(uri)
-        message = f"dscoder: {method} for {uri} refused: {reason}; no suggestions for it until it is reopened"
+        message = (
+            f"dscoder: {method} for {uri} refused: {reason}; "
+            "no suggestions for it until it is reopened or its whole text is sent"
+        )
         log.warning("%s", message)
         self.show(message)
 

@@ -207,6 +207,12 @@ def parse(raw: Any, base: Settings = DEFAULTS, refuse: bool = False) -> tuple[Se
     values = section(raw)
     changes: dict[str, Any] = {}
     problems: list[str] = []
+    if isinstance(raw, Mapping) and SECTION in raw and not isinstance(raw[SECTION], Mapping):
+        got = (
+            json.dumps(raw[SECTION]) if isinstance(raw[SECTION], (str, int, float, bool)) else "another type"
+        )
+        problems.append(f"dscoder: the '{SECTION}' settings must be an object, got {got}; ignored")
+        values = {}
     for key, value in values.items():
         name = _BY_CAMEL.get(key)
         if name is None:

@@ -265,7 +265,7 @@ async def test_invalid_sync_is_refused_with_a_message_and_a_reopen_recovers(serv
         raw(server, message)
         assert await next_message(server, seen) == (
             f"dscoder: textDocument/didChange for {uri} refused: {reason}; "
-            "no suggestions for it until it is reopened"
+            "no suggestions for it until it is reopened or its whole text is sent"
         )
         request = server.inline(doc, 1, 4)
         assert await request.result() is None

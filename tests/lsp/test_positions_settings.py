@@ -114,6 +114,14 @@ def test_a_bad_value_keeps_the_command_lines_and_the_command_line_itself_is_refu
     ]
 
 
+def test_a_settings_section_that_is_not_an_object_is_refused_as_a_whole():
+    assert parse({"dscoder": 5}) == (
+        DEFAULTS,
+        ["dscoder: the 'dscoder' settings must be an object, got 5; ignored"],
+    )
+    assert parse({"dscoder": {"maxTokens": 7}})[0].max_tokens == 7
+
+
 def test_completion_fallback_setting():
     assert DEFAULTS.completion_fallback is CompletionFallback.AUTO
     settings, problems = parse({"completionFallback": "never"})
