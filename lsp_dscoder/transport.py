@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import select
+import socket
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, BinaryIO, cast
@@ -261,7 +262,10 @@ def serve_tcp(server: JsonRPCServer, host: str, port: int, seen: Seen | None = N
         try:
             listener = await loop.create_server(connection, host, port)
         except OSError as exc:
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            if isinstance(exc, socket.gaierror):  # getaddrinfo's codes are not errno values
+                reason = f"{host!r} is not an address or host name of this machine ({exc.strerror})"
+            else:
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
             raise ListenError(f"cannot listen on {host}:{port}: {reason}") from None
         log.info("listening on %s:%d", host, port)
         try:

@@ -387,3 +387,18 @@ def test_tcp_port_in_use_is_one_line_and_exit_status_2(tiny_model):
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert done.stderr.rstrip().endswith(f"cannot listen on 127.0.0.1:{port}: Address already in use")
+
+
+def test_tcp_host_that_is_no_address_is_one_line_and_exit_status_2(tiny_model):
+    done = subprocess.run(
+        command(tiny_model, "--tcp", "--host", "999.1.1.1", "--port", "2099"),
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert (
+        "cannot listen on 999.1.1.1:2099: '999.1.1.1' is not an address or host name of this machine ("
+        in (done.stderr)
+    )
