@@ -19,7 +19,7 @@ from lsp_dscoder.positions import Encoding, offset_at, sanitize
 from lsp_dscoder.postprocess import CursorContext, Shaper
 from lsp_dscoder.progress import StderrProgress
 from lsp_dscoder.prompt import Budgets, PromptBuilder
-from lsp_dscoder.settings import MIN_PROMPT_TOKENS, Settings, prompt_room
+from lsp_dscoder.settings import DEFAULTS, MIN_PROMPT_TOKENS, Settings, prompt_room
 
 MAX_CONTEXT = 1 << 20  # the largest maxContext the server accepts
 
@@ -36,8 +36,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default=None,
-        choices=("float32", "bfloat16", "float16"),
-        help="weights and KV dtype (default: float32 on cpu, bfloat16 on cuda)",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="weights and KV dtype (default: auto, float32 on cpu, bfloat16 on cuda)",
     )
     p.add_argument("--max-context", type=int, default=4096, help="KV buffer size in tokens (default: 4096)")
 
@@ -59,7 +59,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", type=Path, help="source file to complete")
     p.add_argument("--line", type=int, required=True, help="0-based line of the cursor")
     p.add_argument("--col", type=int, required=True, help="0-based column of the cursor in UTF-16 code units")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default: 64)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULTS.max_tokens,
+        help=f"tokens to generate at most (default: {DEFAULTS.max_tokens}, as the server's maxTokens)",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 for greedy (default)")
     p.add_argument("--json", action="store_true", help='print {"text", "token_ids", "stats"} instead')
     p.add_argument(

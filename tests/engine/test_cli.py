@@ -143,7 +143,10 @@ def test_complete_refuses_what_cannot_work_in_one_line(tiny_model: Path, tmp_pat
     model = ("--model", str(tiny_model))
     cases = [
         ((src, "--max-context", str(10**12), *model), f"--max-context must be in [64, {1 << 20}], got 10"),
-        ((src, "--max-context", "256", *model), "--max-context 256 leaves -68 tokens for the prompt"),
+        ((src, "--max-context", "256", *model), "--max-context 256 leaves -132 tokens for the prompt"),
+        ((src, "--max-context", "256", "--max-tokens", "64", *model), "--max-context 256 leaves -68 tokens"),
+        ((src, "--temperature", "nan", *model), "temperature must be a finite number >= 0, got nan"),
+        ((src, "--temperature", "inf", *model), "temperature must be a finite number >= 0, got inf"),
         ((src, "--max-tokens", "0", *model), "--max-tokens must be in [1, 65536], got 0"),
         ((src, "--model", str(array)), "config.json must hold a JSON object, not a JSON array"),
         ((src, "--model", str(no_heads)), "config.json: num_attention_heads=0 must be a positive integer"),
