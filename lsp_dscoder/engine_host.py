@@ -75,8 +75,12 @@ class EngineHost:
                 await asyncio.to_thread(old.close)
             self.engine = await asyncio.to_thread(self._open, settings, progress)
         except Exception as exc:  # any failure must end the load with its reason
-            self.state, self.error = LoadState.FAILED, f"{type(exc).__name__}: {exc}"
-            log.error("engine failed to load: %s", self.error, exc_info=not isinstance(exc, self._expected))
+            expected = isinstance(exc, self._expected)  # its message says it all: no class name, no traceback
+            self.state, self.error = (
+                LoadState.FAILED,
+                str(exc) if expected else f"{type(exc).__name__}: {exc}",
+            )
+            log.error("engine failed to load: %s", self.error, exc_info=not expected)
             return False
         self.state = LoadState.READY
         self.keep_warm(settings.keep_warm_ms)
