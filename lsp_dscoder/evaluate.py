@@ -44,7 +44,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-tokens", type=int, default=768)
     parser.add_argument("--suffix-tokens", type=int, default=256)
     parser.add_argument("--context-files", type=int, default=2, help="other files in the server's prompt")
-    parser.add_argument("--ppl-tokens", type=int, default=32768, help="tokens scored for perplexity")
+    parser.add_argument(
+        "--ppl-tokens",
+        type=int,
+        default=32768,
+        help="perplexity: whole files are scored until at least this many tokens are (default 32768)",
+    )
     parser.add_argument("--ppl-window", type=int, default=1024)
     parser.add_argument("--timing-runs", type=int, default=5)
     parser.add_argument("--device", default="auto", help="auto (cuda if visible, else cpu), cpu, cuda[:N]")
