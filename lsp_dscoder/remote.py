@@ -154,10 +154,11 @@ class RemoteBackend:
             inflight = list(self._inflight)
         for handle in inflight:  # cut their streams: each ends as cancelled, nobody waits forever
             handle.cancel()
-        if on_loop(self._loop):
-            self._pool.close()
-            return
-        if self._loop.is_closed():  # the server has stopped: so have the connections
+        # On the loop, or with nothing running it any more (the server stops its loop before it closes
+        # the backend): close the connections here; a drain scheduled on a stopped loop would never run.
+        if on_loop(self._loop) or not self._loop.is_running():
+            if not self._loop.is_closed():
+                self._pool.close()
             return
         with contextlib.suppress(RuntimeError, concurrent.futures.TimeoutError):  # closing, or stuck
             asyncio.run_coroutine_threadsafe(self._drain(), self._loop).result(5)
