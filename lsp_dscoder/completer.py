@@ -272,7 +272,7 @@ class Completer:
         try:
             handle = self.host.submit(self._request(snap, prompt, ctx, deadline))
         except self.host.engine_errors as exc:
-            return self._failed(record, f"{name} not submitted: {exc}")
+            return self._failed(record, f"{name} not submitted: {exc}", quiet=getattr(exc, "reported", False))
         gen = Generation(
             handle,
             Shaper(ctx),
@@ -291,12 +291,14 @@ class Completer:
         return gen
 
     @staticmethod
-    def _failed(record: RequestRecord | None, message: str) -> None:
-        if record is None:
+    def _failed(record: RequestRecord | None, message: str, quiet: bool = False) -> None:
+        """`quiet`: the cause was reported already (an outage of the remote endpoint): debug level."""
+        if record is None or quiet:
             log.debug("%s", message)
-            return
-        log.warning("%s", message)
-        record.responded(Outcome.ERROR)
+        else:
+            log.warning("%s", message)
+        if record is not None:
+            record.responded(Outcome.ERROR)
 
 
 def _finished(gen: Generation, completion: Any) -> None:

@@ -27,7 +27,10 @@ class RemoteError(EngineError):
 
 
 class EndpointDownError(RemoteError):
-    """The endpoint failed recently and its retry time has not come: the request is not sent."""
+    """The endpoint failed recently and its retry time has not come: the request is not sent. The outage
+    was logged and shown once when it began, so each request it refuses is logged at debug level only."""
+
+    reported = True
 
 
 class HttpStatusError(RemoteError):

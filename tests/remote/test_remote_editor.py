@@ -180,13 +180,19 @@ async def test_engine_killed_mid_stream(gguf: Path, bundled: Path, tmp_path: Pat
         revived.kill()
 
 
-async def test_nothing_listening(bundled: Path):
+async def test_nothing_listening(bundled: Path, tmp_path: Path):
     url = f"http://127.0.0.1:{free_port()}"
-    ed = await start(bundled, *remote_args(url))
+    log = tmp_path / "server.log"
+    ed = await start(bundled, *remote_args(url), "--log-file", str(log), "--log-level", "warning")
     try:
         doc = ed.open("file:///work/remote_down.py", BODY)
         for _ in range(3):
             assert await ed.inline(doc, LINE, COLUMN).result() is None
+        # The outage is logged when it begins; the requests it refuses add nothing at warning level
+        # (an editor such as Neovim records every stderr line of its server as an error).
+        lines = log.read_text().splitlines()
+        assert not [line for line in lines if "not submitted" in line], lines
+        assert any("remote endpoint failed" in line for line in lines), lines
         stats = (await ed.stats())["engine"]
         assert (stats["reachable"], stats["lastError"]) == (False, f"nothing is listening at {url}")
         assert [(m.type, m.message) for m in ed.client.messages] == [
