@@ -50,7 +50,11 @@ class Endpoint:
 
     @staticmethod
     def parse(url: str) -> Endpoint:
-        parts = urlsplit(url.strip())
+        try:
+            parts = urlsplit(url.strip())
+            explicit_port = parts.port  # urllib checks the port (and an IPv6 host) only when asked
+        except ValueError as exc:
+            raise ValueError(f"expected an http(s)://host[:port] URL, got {url!r}: {exc}") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"expected an http(s)://host[:port] URL, got {url!r}")
         if parts.query or parts.fragment or parts.username:
@@ -58,7 +62,7 @@ class Endpoint:
         prefix = parts.path.rstrip("/")
         if prefix.endswith("/v1"):
             prefix = prefix[: -len("/v1")]
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = explicit_port or (443 if parts.scheme == "https" else 80)
         return Endpoint(parts.scheme, parts.hostname, port, prefix)
 
     def path(self, route: str) -> str:

@@ -150,6 +150,16 @@ def _text(pattern: str, expected: str) -> Callable[[Any], str]:
     return check
 
 
+def _endpoint(value: Any) -> str:
+    """An http(s)://host[:port][/prefix] URL that the remote backend can connect to (its port in range, an
+    IPv6 host in brackets): checked here, with the other settings, not at the first connection."""
+    from lsp_dscoder.remote_http import Endpoint  # torch-free, like this module
+
+    checked: str = _text(r"https?://[^/?#@\s]+(/[^?#\s]*)?", "an http(s)://host:port URL")(value)
+    Endpoint.parse(checked)
+    return checked
+
+
 def _json_object(value: Any) -> Mapping[str, Any]:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         raise ValueError(f"expected an object of request fields, got {value!r}")
@@ -179,7 +189,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "keep_warm_ms": _int_in(0, 1000),
     "start_on_edit": _bool,
     "backend": _enum(BackendKind),
-    "endpoint": _optional(_text(r"https?://[^/?#@\s]+(/[^?#\s]*)?", "an http(s)://host:port URL")),
+    "endpoint": _optional(_endpoint),
     "remote_model": _optional(_text(_NOT_BLANK, "a model name")),
     "api_key_env": _optional(_text(r"[A-Za-z_][A-Za-z0-9_]*", "the name of an environment variable")),
     "remote_prompt": _enum(RemotePrompt),

@@ -21,6 +21,7 @@ import logging
 import os
 import select
 import socket
+import stat
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, BinaryIO, cast
@@ -215,9 +216,10 @@ def serve_stdio(server: JsonRPCServer, stdin: BinaryIO, stdout_fd: int, seen: Se
         fd = stdin.fileno()
         was_blocking = os.get_blocking(fd)
         pump: asyncio.Future[None] | None = None  # held: the loop keeps only a weak reference to tasks
-        try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd):
             await loop.connect_read_pipe(lambda: wire, stdin)
-        except ValueError:  # a regular file (`< file`): read it in chunks off the loop
+        else:  # a regular file or a device such as /dev/null, which epoll refuses: read it off the loop
             pump = asyncio.ensure_future(_pump_file(loop, fd, wire))
         try:
             await done

@@ -122,6 +122,15 @@ def test_a_settings_section_that_is_not_an_object_is_refused_as_a_whole():
     assert parse({"dscoder": {"maxTokens": 7}})[0].max_tokens == 7
 
 
+def test_an_endpoint_the_remote_backend_cannot_connect_to_is_refused_with_the_settings():
+    assert parse({"endpoint": "http://gpu-box:8000/v1"}) == (Settings(endpoint="http://gpu-box:8000/v1"), [])
+    assert parse({"endpoint": "http://127.0.0.1:99999"}, refuse=True)[1] == [
+        "dscoder: setting 'endpoint': expected an http(s)://host[:port] URL, got 'http://127.0.0.1:99999': "
+        "Port out of range 0-65535"
+    ]
+    assert parse({"endpoint": "http://[::1:80"}, refuse=True)[1][0].endswith("Invalid IPv6 URL")
+
+
 def test_completion_fallback_setting():
     assert DEFAULTS.completion_fallback is CompletionFallback.AUTO
     settings, problems = parse({"completionFallback": "never"})

@@ -402,3 +402,13 @@ def test_tcp_host_that_is_no_address_is_one_line_and_exit_status_2(tiny_model):
         "cannot listen on 999.1.1.1:2099: '999.1.1.1' is not an address or host name of this machine ("
         in (done.stderr)
     )
+
+
+def test_stdin_from_dev_null_is_an_empty_session_not_a_crash(tiny_model):
+    # epoll refuses /dev/null (a character device): it is read like a regular file, to its end at once.
+    with open(os.devnull, "rb") as nothing:
+        done = subprocess.run(
+            command(tiny_model, "--stdio"), stdin=nothing, capture_output=True, timeout=WAIT_S
+        )
+    assert (done.returncode, done.stdout) == (0, b"")
+    assert b"Traceback" not in done.stderr and b"Error" not in done.stderr

@@ -67,6 +67,12 @@ def test_endpoint_url_parsing() -> None:
         Endpoint.parse("ftp://h")
     with pytest.raises(ValueError, match="credentials"):
         Endpoint.parse("http://user:pw@h:1")
+    # A bad port or IPv6 host is refused here, with the other settings, not at the first connection.
+    with pytest.raises(ValueError, match=r"got 'http://127.0.0.1:99999': Port out of range 0-65535"):
+        Endpoint.parse("http://127.0.0.1:99999")
+    with pytest.raises(ValueError, match=r"got 'http://\[::1:80': Invalid IPv6 URL"):
+        Endpoint.parse("http://[::1:80")
+    assert Endpoint.parse("http://[::1]:8080").authority == "[::1]:8080"
 
 
 def test_streamed_ids_decoded_locally_and_connection_kept_alive(server: BadServer) -> None:
