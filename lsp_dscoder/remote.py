@@ -66,10 +66,11 @@ class RemoteBackend:
         self.tokenizer = Tokenizer(config.tokenizer)
         self.max_context = config.max_context
         key = os.environ.get(config.api_key_env, "") if config.api_key_env else ""
-        if config.api_key_env and not key:
-            log.warning(
-                "environment variable %s is empty: requests go without an API key", config.api_key_env
-            )
+        if config.api_key_env and not key:  # the user named a key: say so where they look, once
+            message = f"environment variable {config.api_key_env} is empty: requests go without an API key"
+            log.warning("%s", message)
+            if notify is not None:
+                notify(logging.WARNING, f"dscoder: {message}")
         self._own_loop = loop is None
         self._loop = loop or asyncio.new_event_loop()
         if self._own_loop:

@@ -323,6 +323,10 @@ def test_setup_rejects_a_bad_option(editor: Editor) -> None:
         "local ok, err = pcall(require('lsp_dscoder.config').resolve, {keymaps = {accept = 3}}); return err"
     )
     assert "keymaps.accept must be a key string or false, got 3" in err
+    err = editor.lua(
+        "local ok, err = pcall(require('lsp_dscoder.config').resolve, {filetype = {'python'}}); return err"
+    )
+    assert "option filetype must be one of cmd, init_options, filetypes, enabled, root_markers," in err
 
 
 def test_setup_again_with_filetypes_and_an_enabled_predicate(editor: Editor) -> None:

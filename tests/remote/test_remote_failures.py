@@ -224,3 +224,13 @@ def test_text_prompt_spells_the_fim_markers_and_leaves_bos_to_the_endpoint(serve
         assert body["prompt"] == "<｜fim▁begin｜>x = 1\n<｜fim▁hole｜><｜fim▁end｜>"
         assert "logprobs" not in body
         assert (result.text, result.token_ids) == ("y = 2", ())
+
+
+def test_a_named_api_key_that_is_not_set_is_shown_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DSCODER_TEST_NO_KEY", raising=False)
+    notes = Notes()
+    url = f"http://127.0.0.1:{free_port()}"
+    with _backend(url, notes, api_key_env="DSCODER_TEST_NO_KEY"):
+        message = "dscoder: environment variable DSCODER_TEST_NO_KEY is empty: requests go without an API key"
+        assert notes.messages[0] == (logging.WARNING, message)
+        assert [m for _, m in notes.messages].count(message) == 1

@@ -50,6 +50,18 @@ function M.filetypes(cfg)
   return not vim.tbl_contains(cfg.filetypes, '*') and cfg.filetypes or nil
 end
 
+--- The options `setup` takes (a misspelt one is an error, not silently ignored).
+M.OPTIONS = {
+  'cmd',
+  'init_options',
+  'filetypes',
+  'enabled',
+  'root_markers',
+  'auto_trigger',
+  'native',
+  'keymaps',
+}
+
 --- @return lsp_dscoder.Config
 function M.defaults()
   return {
@@ -95,6 +107,11 @@ function M.resolve(opts)
   opts = opts or {}
   if type(opts) ~= 'table' then
     fail('options', 'a table', opts)
+  end
+  for key in pairs(opts) do
+    if not vim.tbl_contains(M.OPTIONS, key) then
+      fail('option ' .. tostring(key), 'one of ' .. table.concat(M.OPTIONS, ', '), key)
+    end
   end
   local cfg = vim.tbl_deep_extend('force', M.defaults(), opts)
   -- Lists replace, they are not merged index by index.

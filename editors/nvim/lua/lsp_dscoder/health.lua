@@ -29,7 +29,7 @@ function M.check()
   if info.state == 'failed' then
     health.error(('server: %s'):format(info.error), {
       'check init_options.model (a checkpoint folder or a cached repo id) and cmd',
-      ':LspLog shows the server log',
+      ":execute 'edit' v:lua.vim.lsp.log.get_filename() opens the LSP log (the server's stderr is there)",
     })
   else
     health.info('status: ' .. plugin.status())
