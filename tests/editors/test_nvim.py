@@ -353,6 +353,13 @@ def test_setup_again_with_filetypes_and_an_enabled_predicate(editor: Editor) -> 
             editor.nvim.command(f"edit {path}")
             assert editor.lua(attached, editor.nvim.current.buffer.number) == want, name
         assert editor.lua(tab_desc) == "lsp-dscoder: accept"
+        # `:set filetype=` to one that gets no suggestions detaches the buffer, and back attaches it.
+        lua_buf = editor.nvim.current.buffer.number
+        editor.nvim.command("set filetype=python")
+        editor.wait_for(lambda: not editor.lua(attached, lua_buf), "the buffer to be detached")
+        assert editor.lua(tab_desc) != "lsp-dscoder: accept"
+        editor.nvim.command("set filetype=lua")
+        editor.wait_for(lambda: editor.lua(attached, lua_buf), "the buffer to be attached again")
     finally:
         editor.lua("require('lsp_dscoder').setup({ cmd = ..., root_markers = {} })", cmd)
 

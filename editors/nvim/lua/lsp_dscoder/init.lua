@@ -185,6 +185,11 @@ function M.setup(opts)
   vim.api.nvim_create_autocmd({ 'FileType', 'BufEnter' }, {
     group = augroup,
     callback = function(ev)
+      local client = client_of(ev.buf)
+      if client and ev.event == 'FileType' and not wanted(ev.buf) then
+        vim.lsp.buf_detach_client(ev.buf, client.id) -- `:set filetype=` to one that gets no suggestions
+        return
+      end
       start(ev.buf)
     end,
   })
