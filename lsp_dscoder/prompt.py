@@ -24,7 +24,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lsp_dscoder.prompt_parts import MAX_CHARS_PER_TOKEN, ContextCache, leading_lines
+from lsp_dscoder.prompt_parts import MAX_CHARS_PER_TOKEN, ContextCache, leading_lines, lf
 from lsp_dscoder.prompt_parts import Budgets as Budgets
 from lsp_dscoder.prompt_parts import ContextFile as ContextFile
 from lsp_dscoder.prompt_parts import FimTokenizer as FimTokenizer
@@ -182,7 +182,7 @@ class PromptBuilder:
         tok = self.tokenizer
         context_ids = self._context.ids(context, self.budgets.context_tokens, language_id)
         start = self._prefix_start(text, anchor, previous)
-        prefix_ids = tok.encode(text[start:anchor]) if start < anchor else []
+        prefix_ids = tok.encode(lf(text[start:anchor])) if start < anchor else []
         suffix_ids = self._suffix_ids(text, cursor)
         ids = array("q", (tok.bos_id, tok.fim_begin_id))
         ids.extend(context_ids)
@@ -212,7 +212,7 @@ class PromptBuilder:
         if previous is not None and low <= previous.prefix_start <= anchor:
             start = previous.prefix_start
             same = text.startswith(previous.before, start) and start + len(previous.before) <= anchor
-            if same and len(self.tokenizer.encode(text[start:anchor])) <= budget:
+            if same and len(self.tokenizer.encode(lf(text[start:anchor]))) <= budget:
                 return start
         target = budget - min(self.budgets.truncation_step_tokens, budget // 2)
         pos, used = anchor, 0
@@ -220,7 +220,7 @@ class PromptBuilder:
             start_or_none = _line_start(text, pos - 1, low)
             if start_or_none is None:
                 break
-            cost = len(self.tokenizer.encode(text[start_or_none:pos]))
+            cost = len(self.tokenizer.encode(lf(text[start_or_none:pos])))
             if used + cost > target:
                 break
             used, pos = used + cost, start_or_none

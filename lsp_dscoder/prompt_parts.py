@@ -95,6 +95,13 @@ def comment_prefix(language_id: str | None) -> str:
     return "#"
 
 
+def lf(text: str) -> str:
+    """`text` with every LSP line break (\r\n, \r) as \n: what the model reads for the text around the
+    edit (a CRLF document otherwise reaches it with line ends it rarely saw in training, and suggests
+    worse). Offsets stay the document's; only what is tokenised is normalised."""
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
 def leading_lines(tokenizer: FimTokenizer, text: str, start: int, budget: int) -> list[int]:
     """Tokens of the most whole lines from `start` that fit `budget`, tokenised together (lines
     tokenised one by one would split "\n" from the next line's indentation). Looks at most
@@ -106,13 +113,13 @@ def leading_lines(tokenizer: FimTokenizer, text: str, start: int, budget: int) -
         if nxt < 0 and limit < len(text):
             break
         end = len(text) if nxt < 0 else nxt + 1
-        estimate += len(tokenizer.encode(text[pos:end]))
+        estimate += len(tokenizer.encode(lf(text[pos:end])))
         if estimate > budget:
             break
         ends.append(end)
         pos = end
     while ends:
-        ids = tokenizer.encode(text[start : ends.pop()])
+        ids = tokenizer.encode(lf(text[start : ends.pop()]))
         if len(ids) <= budget:
             return ids
     return []
@@ -149,6 +156,6 @@ class ContextCache:
         header = f"{comment_prefix(language_id or f.language_id)} {f.path}\n"
         limit = room * MAX_CHARS_PER_TOKEN
         body = f.text if len(f.text) <= limit else f.text[: f.text.rfind("\n", 0, limit) + 1]
-        body = body if body.endswith("\n") or not body else body + "\n"
+        body = lf(body if body.endswith("\n") or not body else body + "\n")
         ids = leading_lines(self.tokenizer, header + body, 0, room)
         return tuple(ids) if len(ids) > len(self.tokenizer.encode(header)) else ()

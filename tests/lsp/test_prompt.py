@@ -132,6 +132,27 @@ def test_context_files_in_path_order_with_headers_within_budget(tokenizer):
     assert tokenizer.decode(small.ids[2 : 2 + small.head.context_tokens]) == "// a.py\nA = 1\n"
 
 
+def test_a_crlf_document_reads_to_the_model_as_its_lf_twin(tokenizer):
+    """The text around the edit reaches the model with \n line ends, whatever the document's: the same
+    prompt ids as the LF document (the middle, on the cursor's line, has no line end), while the head
+    keeps the document's own offsets, so typing on extends it as before."""
+    crlf = SOURCE.replace("\n", "\r\n")
+    other = ContextFile("b.py", "def helper():\r\n    return 2\r\n", "python", ("file:///b.py", 1))
+    builder = PromptBuilder(tokenizer, replace(Budgets(), context_tokens=64))
+    want = builder.build(SOURCE, CURSOR, lambda: [replace(other, text=other.text.replace("\r\n", "\n"))])
+    got = PromptBuilder(tokenizer, replace(Budgets(), context_tokens=64)).build(
+        crlf, crlf.index("\r\n    return"), lambda: [other]
+    )
+    assert got.ids == want.ids and "\r" not in tokenizer.decode(got.ids)
+    assert got.head.anchor == crlf.rindex("\n", 0, crlf.index("\r\n    return")) + 1
+    for (p, *_), (q, *_) in zip(
+        type_text(builder, SOURCE, CURSOR, "return", want),
+        type_text(builder, crlf, crlf.index("\r\n    return"), "return", got),
+        strict=True,
+    ):
+        assert p.ids == q.ids and q.head_reused
+
+
 def test_context_is_read_only_when_the_head_is_rebuilt(tokenizer):
     builder = PromptBuilder(tokenizer, Budgets())
     calls = []
