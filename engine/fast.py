@@ -90,11 +90,17 @@ class FastRunner:
             raise ValueError(f"gemm must be one of {GEMM_CHOICES}, got {gemm!r}")
         self.model, self.cache, self.cfg = model, cache, model.cfg
         dev, cfg = model.device, model.cfg
-        if long_buckets is None:
-            long_buckets = prefill_buckets(cfg.linear_macs, cache.max_context)
+        if long_buckets is None and graphs:
+            # A long step's activations: its widest tensors (QKV, gate/up, SwiGLU's output, the residual
+            # stream and norms), about twice over in the pool as measured.
+            width = cfg.q_size + 2 * cfg.kv_size + 3 * cfg.intermediate_size + 3 * cfg.hidden_size
+            free, _ = torch.cuda.mem_get_info(dev)
+            token_bytes = 2 * width * model.w.embed.element_size()
+            long_buckets = prefill_buckets(cfg.linear_macs, cache.max_context, token_bytes, free)
         # Padded buckets fit at any position (the cache's spare rows); long ones where `chunk` says.
         padded = tuple(b for b in buckets if b <= cache.capacity - cache.max_context)
-        self.long_buckets = tuple(b for b in long_buckets if b > max(padded, default=0)) if graphs else ()
+        long_buckets = long_buckets if graphs and long_buckets is not None else ()
+        self.long_buckets = tuple(b for b in long_buckets if b > max(padded, default=0))
         self.buckets = (*padded, *self.long_buckets) if graphs else ()
         self.cos_sin = rope_cos_sin(
             cache.capacity, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, dev

@@ -40,6 +40,11 @@ def test_long_prefill_steps_only_for_models_whose_step_stays_short() -> None:
     assert prefill_buckets(macs["1.3b"], 3000) == (1024, 2048)  # a bucket must fit a slot from position 0
     assert prefill_buckets(macs["6.7b"], 8256) == prefill_buckets(macs["33b"], 8256) == ()
     assert prefill_buckets(int(PREFILL_STEP_FLOP / 2 / 2048), 8256) == (1024, 2048)  # the bound included
+    # A quarter of the free device memory for a long graph's pool: a small GPU keeps the shorter ones.
+    token = 2 * 2 * (2048 + 2 * 2048 + 3 * 5504 + 3 * 2048)  # the 1.3B estimate of engine/fast.py
+    assert prefill_buckets(macs["1.3b"], 8256, token, 80 << 30) == (1024, 2048, 4096)
+    assert prefill_buckets(macs["1.3b"], 8256, token, 4 * token * 4096 - 1) == (1024, 2048)
+    assert prefill_buckets(macs["1.3b"], 8256, token, 1 << 20) == ()
 
 
 def test_next_chunk_fills_long_buckets_without_padding_and_keeps_inside_the_slot() -> None:
