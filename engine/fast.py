@@ -27,20 +27,18 @@ from collections.abc import Callable
 
 import torch
 
-from lsp_dscoder.engine.awq import AwqLinear, PackedLayout
+from lsp_dscoder.engine.awq import AwqLinear
+from lsp_dscoder.engine.awq_fast import PackedLinears
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.step_graphs import (
     AHEAD,
     StepGraph,
+    long_prefill_buckets,
     next_chunk,
     part_bounds,
     part_count,
-    prefill_buckets,
 )
-from lsp_dscoder.kernels.awq_dequant import awq_dequant, fragment_dequant
-from lsp_dscoder.kernels.awq_gemm import AwqWorkspace, awq_skinny
-from lsp_dscoder.kernels.awq_mma import awq_mma_sums, mma_supported
 from lsp_dscoder.kernels.decode_attention import decode_attention
 from lsp_dscoder.kernels.extend_attention import extend_attention
 from lsp_dscoder.kernels.pdl import pdl_supported
@@ -90,18 +88,12 @@ class FastRunner:
             raise ValueError(f"gemm must be one of {GEMM_CHOICES}, got {gemm!r}")
         self.model, self.cache, self.cfg = model, cache, model.cfg
         dev, cfg = model.device, model.cfg
-        if long_buckets is None and graphs:
-            # A long step's activations: its widest tensors (QKV, gate/up, SwiGLU's output, the residual
-            # stream and norms), about twice over in the pool as measured.
-            width = cfg.q_size + 2 * cfg.kv_size + 3 * cfg.intermediate_size + 3 * cfg.hidden_size
-            free, _ = torch.cuda.mem_get_info(dev)
-            token_bytes = 2 * width * model.w.embed.element_size()
-            long_buckets = prefill_buckets(cfg.linear_macs, cache.max_context, token_bytes, free)
         # Padded buckets fit at any position (the cache's spare rows); long ones where `chunk` says.
-        padded = tuple(b for b in buckets if b <= cache.capacity - cache.max_context)
-        long_buckets = long_buckets if graphs and long_buckets is not None else ()
-        self.long_buckets = tuple(b for b in long_buckets if b > max(padded, default=0))
-        self.buckets = (*padded, *self.long_buckets) if graphs else ()
+        padded = tuple(b for b in buckets if b <= cache.capacity - cache.max_context) if graphs else ()
+        if long_buckets is None:
+            long_buckets = long_prefill_buckets(cfg, cache.max_context, model.w.embed) if graphs else ()
+        self.long_buckets = tuple(b for b in long_buckets if b > max(padded, default=0)) if graphs else ()
+        self.buckets = (*padded, *self.long_buckets)
         self.cos_sin = rope_cos_sin(
             cache.capacity, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, dev
         )
@@ -140,33 +132,14 @@ class FastRunner:
         # Split-K partials for the widest layer matrix; one workspace serves every launch of a step.
         widest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
         self.workspace = SkinnyWorkspace.allocate(widest, 8, dev) if gemm != "cublas" else None
-        # AWQ checkpoints (engine/awq.py) run every layer matrix packed; a larger step dequantizes each
-        # matrix into one reused buffer for cuBLAS (docs/awq.md). Where bf16 MMAs run, the words are
-        # permuted once, here, into the layout of the tensor-core kernel (kernels/awq_mma.py).
-        packed = bool(model.w.layers) and model.w.layers[0].quant is not None
-        if packed and mma_supported(dev, model.w.embed.dtype):
-            for layer in model.w.layers:
-                assert layer.quant is not None  # every layer of a packed checkpoint is
-                layer.quant = layer.quant.to_fragments()
-        self.awq_workspace = AwqWorkspace.allocate(widest, dev) if packed else None
-        largest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size) * cfg.hidden_size
-        self.awq_dense = torch.empty(largest, dtype=model.w.embed.dtype, device=dev) if packed else None
+        self.packed = PackedLinears.of(model, widest)  # AWQ checkpoints: every layer matrix packed
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, packed: AwqLinear | None = None) -> Product:
         """x @ w.T for a layer matrix: the skinny GEMM for at most MAX_M rows when chosen, else cuBLAS; on
         packed weights, up to MAX_M rows as split-K sums for the next kernel (kernels/split_sums.py)."""
         if packed is not None:  # INT4 AWQ: the dense `w` is a meta tensor
-            p = (packed.qweight, packed.qzeros, packed.scales)
-            fragments = packed.layout is PackedLayout.FRAGMENTS
-            if x.shape[0] <= MAX_M and fragments:
-                assert self.awq_workspace is not None  # allocated with the packed layers
-                return awq_mma_sums(x, *p, workspace=self.awq_workspace, pdl=self.pdl)
-            if x.shape[0] <= MAX_M:
-                return awq_skinny(x, *p, workspace=self.awq_workspace, pdl=self.pdl)
-            assert self.awq_dense is not None  # allocated with the packed layers
-            k, n = packed.in_features, packed.out_features
-            dequant = fragment_dequant if fragments else awq_dequant
-            return x @ dequant(*p, out=self.awq_dense[: k * n].view(k, n))  # (K, N)
+            assert self.packed is not None  # made with the packed layers
+            return self.packed.product(x, packed, self.pdl)
         if self.skinny and x.shape[0] <= MAX_M:
             return skinny_gemm(x, w, workspace=self.workspace, pdl=self.pdl)
         return x @ w.T
@@ -328,8 +301,8 @@ class FastRunner:
 
     def _stopped(self) -> None:
         """A step stopped part-way may leave a GEMM's split-K sums untaken: zero them for the next one."""
-        if self.awq_workspace is not None:
-            self.awq_workspace.accum.zero_()
+        if self.packed is not None:
+            self.packed.workspace.accum.zero_()
 
     # -- warm-up: compile every kernel variant, capture the graphs -----------------------------------
     def capture(self, progress: Progress | None = None) -> None:
@@ -382,7 +355,7 @@ class FastRunner:
         # Where an option is None, both ways are timed. PDL only with the skinny GEMM: a cuBLAS kernel
         # between two Triton ones breaks the chain. Packed layers run their own kernels and no fused
         # layer whatever the choice: only PDL is theirs to time.
-        packed = self.awq_workspace is not None
+        packed = self.packed is not None
         res = ("", "+res") if self.fused_residual is None and not packed else ("",)
         pdl = ("", "+pdl") if self.pdl_candidate else ("",)
         skinny = tuple(f"skinny{r}{p}" for r in res for p in pdl)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from lsp_dscoder.engine.config import ModelConfig
+
 PART_BYTES = 3 << 29  # 1.5 GiB of weights streamed per part: ~0.4 ms on an H200
 MIN_PART_BYTES = 1 << 29  # 512 MiB: ~0.13 ms on an H200
 MIN_PARTS = 4
@@ -61,6 +63,15 @@ def prefill_buckets(
     the device memory left once weights and KV are in: a small GPU keeps the shorter ones, or none."""
     fits = (b for b in PREFILL_BUCKETS if b <= max_context and 2 * macs_per_token * b <= PREFILL_STEP_FLOP)
     return tuple(b for b in fits if free_bytes is None or 4 * token_bytes * b <= free_bytes)
+
+
+def long_prefill_buckets(cfg: ModelConfig, max_context: int, weights: torch.Tensor) -> tuple[int, ...]:
+    """`prefill_buckets` for a model on its device: a long step's graph pool estimated as twice its widest
+    activations (QKV, gate/up, SwiGLU's output, the residual stream and norms) in the weights' dtype, the
+    free memory read now, with the weights and the KV buffer in."""
+    width = cfg.q_size + 2 * cfg.kv_size + 3 * cfg.intermediate_size + 3 * cfg.hidden_size
+    free, _ = torch.cuda.mem_get_info(weights.device)
+    return prefill_buckets(cfg.linear_macs, max_context, 2 * width * weights.element_size(), free)
 
 
 def next_chunk(remaining: int, start: int, long_buckets: Sequence[int], capacity: int, limit: int) -> int:

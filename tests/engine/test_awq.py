@@ -15,8 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from lsp_dscoder.__main__ import main
 from lsp_dscoder.bench_build import shared_state_dict
-from lsp_dscoder.engine import CompletionRequest, SamplingParams
-from lsp_dscoder.engine import fast as fast_module
+from lsp_dscoder.engine import CompletionRequest, SamplingParams, awq_fast
 from lsp_dscoder.engine.awq import AwqConfig
 from lsp_dscoder.engine.config import EngineConfig, ModelConfig
 from lsp_dscoder.engine.engine import Engine
@@ -251,7 +250,7 @@ def test_split_sums_through_the_layers(quantized: dict[str, Path], monkeypatch: 
         assert torch.count_nonzero(totals) == 0, "a GEMM found sums nobody took"
         return SplitSums(totals.add_(awq_gemm_ref(x, *layer).float()), x.dtype)
 
-    monkeypatch.setattr(fast_module, "awq_skinny", sums)
+    monkeypatch.setattr(awq_fast, "awq_skinny", sums)
     ids = torch.randint(0, cfg.vocab_size, (5,), generator=torch.Generator().manual_seed(4))
     prefix = torch.tensor([1, 2, 3])  # a 3-token prefill, then a 5-token step over it: both run the stand-in
     torch.testing.assert_close(
@@ -261,7 +260,7 @@ def test_split_sums_through_the_layers(quantized: dict[str, Path], monkeypatch: 
     torch.testing.assert_close(fast.prefill(ids, 3, 0), want, atol=1e-4, rtol=0)
     asked = iter([False, False, True])  # the step's own check, layer 0, then stop before layer 1
     assert fast.prefill(ids, 8, 0, interrupted=lambda: next(asked)) is None
-    assert fast.awq_workspace is not None and torch.count_nonzero(fast.awq_workspace.accum) == 0
+    assert fast.packed is not None and torch.count_nonzero(fast.packed.workspace.accum) == 0
 
 
 def test_shapes_and_sharding_checked(quantized: dict[str, Path], tmp_path: Path) -> None:

@@ -1,0 +1,48 @@
+"""INT4 AWQ layer matrices on the fast path (engine/fast.py): steps of up to MAX_M rows on the packed
+kernels, larger steps through one reused bf16 buffer that each matrix is dequantized into for cuBLAS
+(docs/awq.md). Where bf16 MMAs run, the packed words are permuted once, at construction, into the layout
+of the tensor-core kernel (kernels/awq_mma.py), whose split-K sums the next kernel takes."""
+
+from __future__ import annotations
+
+import torch
+
+from lsp_dscoder.engine.awq import AwqLinear, PackedLayout
+from lsp_dscoder.engine.model import Transformer
+from lsp_dscoder.kernels.awq_dequant import awq_dequant, fragment_dequant
+from lsp_dscoder.kernels.awq_gemm import AwqWorkspace, awq_skinny
+from lsp_dscoder.kernels.awq_mma import awq_mma_sums, mma_supported
+from lsp_dscoder.kernels.skinny_gemm import MAX_M
+from lsp_dscoder.kernels.split_sums import SplitSums
+
+
+class PackedLinears:
+    """The buffers every packed matrix of a model shares, and its product with a step's rows."""
+
+    def __init__(self, model: Transformer, widest: int) -> None:
+        cfg, dev, dtype = model.cfg, model.device, model.w.embed.dtype
+        if mma_supported(dev, dtype):
+            for layer in model.w.layers:
+                assert layer.quant is not None  # every layer of a packed checkpoint is
+                layer.quant = layer.quant.to_fragments()
+        self.workspace = AwqWorkspace.allocate(widest, dev)
+        largest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size) * cfg.hidden_size
+        self.dense = torch.empty(largest, dtype=dtype, device=dev)
+
+    @staticmethod
+    def of(model: Transformer, widest: int) -> PackedLinears | None:
+        """The model's packed matrices' buffers, or None for a dense checkpoint."""
+        packed = bool(model.w.layers) and model.w.layers[0].quant is not None
+        return PackedLinears(model, widest) if packed else None
+
+    def product(self, x: torch.Tensor, packed: AwqLinear, pdl: bool) -> torch.Tensor | SplitSums:
+        """x @ W.T; up to MAX_M rows on the MMA kernel as split-K sums for the next kernel."""
+        p = (packed.qweight, packed.qzeros, packed.scales)
+        fragments = packed.layout is PackedLayout.FRAGMENTS
+        if x.shape[0] <= MAX_M and fragments:
+            return awq_mma_sums(x, *p, workspace=self.workspace, pdl=pdl)
+        if x.shape[0] <= MAX_M:
+            return awq_skinny(x, *p, workspace=self.workspace, pdl=pdl)
+        k, n = packed.in_features, packed.out_features
+        dequant = fragment_dequant if fragments else awq_dequant
+        return x @ dequant(*p, out=self.dense[: k * n].view(k, n))  # (K, N)
