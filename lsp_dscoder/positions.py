@@ -54,6 +54,13 @@ def sanitize(text: str) -> str:
     return _LONE_SURROGATE.sub("\ufffd", text) if _LONE_SURROGATE.search(text) else text
 
 
+def lf(text: str) -> str:
+    """`text` with every LSP line break (\r\n, \r) as \n: what the model reads for the text around the
+    edit (a CRLF document otherwise reaches it with line ends it rarely saw in training, and suggests
+    worse). Offsets stay the document's; only what is tokenised is normalised."""
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
 def units(text: str, encoding: Encoding) -> int:
     """Length of `text` in the encoding's code units."""
     if encoding is Encoding.UTF32 or text.isascii():  # isascii() is O(1) on CPython strings

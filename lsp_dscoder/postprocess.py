@@ -13,6 +13,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from lsp_dscoder.positions import lf
+
 CLOSERS = frozenset(")]}\"'`")
 _OPEN = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
 
@@ -84,7 +86,7 @@ class Shaper:
         self._open = ""
         if not self.stopped and len(lines) == 2 + len(self._accepted_lines) and self._settled(lines[-1]):
             self._open = lines[-1]
-        self.text = self._render()
+        self.text = self._render(lines[0])
 
     def _settled(self, line: str) -> bool:
         """Whether an unfinished line will be accepted whatever ends it: it has text (so it is not
@@ -102,7 +104,7 @@ class Shaper:
         if not self.stopped and len(lines) > 1 + len(self._accepted_lines) and lines[-1].strip():
             self._judge(lines[-1])
         self._finished, self._open = True, ""
-        self.text = self._render()
+        self.text = self._render(lines[0])
         return self.text
 
     @property
@@ -140,11 +142,11 @@ class Shaper:
         return False
 
     def _lines(self, whole: bool = False) -> list[str]:
-        """The generated text's lines. A model continuing a CRLF document writes "\r\n": every line break
-        of LSP (\r\n, \r, \n) becomes "\n" in the suggestion (editors insert it with the document's own
-        line ends), and a trailing "\r" waits for what follows it unless generation has ended."""
+        """The generated text's lines. Every line break of LSP (\r\n, \r, \n) ends a line, and the
+        suggestion has "\n" (editors insert it with the document's own line ends); a trailing "\r" waits
+        for what follows it unless generation has ended."""
         raw = self._raw if whole or not self._raw.endswith("\r") else self._raw[:-1]
-        return raw.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        return lf(raw).split("\n")
 
     def _has_content(self) -> bool:
         first = self._lines()[0]
@@ -154,8 +156,7 @@ class Shaper:
     def _bracket_delta(line: str) -> int:
         return sum(_OPEN.get(c, 0) for c in line)
 
-    def _render(self) -> str:
-        first = self._lines(whole=self._finished)[0]
+    def _render(self, first: str) -> str:
         if self.ctx.single_line:
             first = first[: len(first) - self._closers_to_drop(first)]
         lines = [first, *self._accepted_lines, *([self._open] if self._open else [])]

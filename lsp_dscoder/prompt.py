@@ -24,7 +24,8 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lsp_dscoder.prompt_parts import MAX_CHARS_PER_TOKEN, ContextCache, leading_lines, lf
+from lsp_dscoder.positions import lf
+from lsp_dscoder.prompt_parts import MAX_CHARS_PER_TOKEN, ContextCache, leading_lines
 from lsp_dscoder.prompt_parts import Budgets as Budgets
 from lsp_dscoder.prompt_parts import ContextFile as ContextFile
 from lsp_dscoder.prompt_parts import FimTokenizer as FimTokenizer

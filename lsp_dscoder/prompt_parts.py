@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol
 
+from lsp_dscoder.positions import lf
+
 _C_LIKE = {"c", "cpp", "csharp", "cuda-cpp", "go", "java", "javascript", "javascriptreact", "typescript"}
 _C_LIKE |= {"typescriptreact", "rust", "kotlin", "scala", "swift", "dart", "php", "objective-c", "zig"}
 _DASHES = {"lua", "sql", "haskell", "elm", "ada"}
@@ -93,13 +95,6 @@ def comment_prefix(language_id: str | None) -> str:
     if language_id in _DASHES:
         return "--"
     return "#"
-
-
-def lf(text: str) -> str:
-    """`text` with every LSP line break (\r\n, \r) as \n: what the model reads for the text around the
-    edit (a CRLF document otherwise reaches it with line ends it rarely saw in training, and suggests
-    worse). Offsets stay the document's; only what is tokenised is normalised."""
-    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 def leading_lines(tokenizer: FimTokenizer, text: str, start: int, budget: int) -> list[int]:
