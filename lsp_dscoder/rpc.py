@@ -66,10 +66,8 @@ class DscoderProtocol(LanguageServerProtocol):
     def structure_message(self, data: dict[str, Any]) -> Any:
         if "jsonrpc" not in data:  # a nested object, when pygls' own reader calls this for each
             return data
-        if "method" in data and "params" not in data:
-            data = {**data, "params": None}
         try:
-            return self._structure(data)
+            return self.structure_quietly(data)
         except Exception as exc:
             cause = exc.__cause__ if isinstance(exc, JsonRpcException) else exc
             detail = "; ".join(transform_error(cause)) if isinstance(cause, ClassValidationError) else cause
