@@ -17,12 +17,14 @@ tokens are padded to the bucket, the start position and the index of the last re
 tensors, so one replay serves any position. Padded tokens write K/V past the real ones, into rows that
 are overwritten before they are ever read (the buffer has `max_bucket` spare rows at its end).
 A cold prompt of a small model also gets long prefill graphs (engine/step_graphs.py PREFILL_BUCKETS,
-used only where the step ends within the slot's rows); anything else larger runs the same kernels eagerly:
-Triton takes the length as a runtime argument, so varying lengths never recompile.
+used only where the step ends within the slot's rows); a larger model takes eager steps of those lengths
+where its timed graphs predict them short enough (PREFILL_STEP_MS). Anything else larger runs the same
+kernels eagerly: Triton takes the length as a runtime argument, so varying lengths never recompile.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -34,6 +36,7 @@ from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.step_graphs import (
     AHEAD,
     StepGraph,
+    eager_prefill_steps,
     long_prefill_buckets,
     next_chunk,
     part_bounds,
@@ -94,6 +97,8 @@ class FastRunner:
             long_buckets = long_prefill_buckets(cfg, cache.max_context, model.w.embed) if graphs else ()
         self.long_buckets = tuple(b for b in long_buckets if b > max(padded, default=0)) if graphs else ()
         self.buckets = (*padded, *self.long_buckets)
+        # Longer prefill steps run eagerly where no graph covers them, chosen by capture from timed steps.
+        self.eager_buckets: tuple[int, ...] = ()
         self.cos_sin = rope_cos_sin(
             cache.capacity, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, dev
         )
@@ -265,7 +270,8 @@ class FastRunner:
         return self._step(ids, start, slot, interrupted)
 
     def chunk(self, remaining: int, start: int, limit: int) -> int:
-        return next_chunk(remaining, start, self.long_buckets, self.cache.capacity, limit)
+        steps = (*self.long_buckets, *self.eager_buckets)
+        return next_chunk(remaining, start, steps, self.cache.capacity, limit)
 
     def decode(
         self, token: int, pos: int, slot: int, interrupted: Interrupted | None = None
@@ -340,6 +346,21 @@ class FastRunner:
         losers.clear()
         torch.cuda.empty_cache()
         self.graph_pool_bytes = torch.cuda.memory_reserved() - reserved
+        self.eager_buckets = self._eager_steps()
+
+    def _eager_steps(self) -> tuple[int, ...]:
+        """Eager prefill steps past every graph: predicted from the two largest padded graphs' replays to
+        take at most PREFILL_STEP_MS (engine/step_graphs.py), fitting a slot and the free memory."""
+        fits = long_prefill_buckets(self.cfg, self.cache.max_context, self.model.w.embed, step_flop=math.inf)
+        candidates = tuple(b for b in fits if b > max(self.buckets, default=0))
+        padded = sorted(b for b in self.buckets if b not in self.long_buckets and (0, b) in self.graphs)
+        if not candidates or len(padded) < 2:
+            return ()
+        timed = []
+        for b in padded[-2:]:
+            self.last.fill_(b - 1)  # the replays run at position 0 of slot 0: warm-up rows, never read
+            timed.append((b, self.graphs[(0, b)].median_ms(self.part_done, self.stream, reps=8)))
+        return eager_prefill_steps(timed[0], timed[1], candidates)
 
     def _use(self, choice: str) -> None:
         """Set the flags the launches read for a choice: "cublas", or "skinny" with "+res" (the fused layer)

@@ -45,6 +45,13 @@ Interrupted = Callable[[], bool]
 # 512-token steps already run near its FLOP floor).
 PREFILL_BUCKETS = (1024, 2048, 4096)
 PREFILL_STEP_FLOP = 1.0e13
+# A model too large for long graphs still takes prefill steps of these lengths, run eagerly (no graph pool),
+# where its step is predicted to end within PREFILL_STEP_MS: each step has a fixed cost as well as a cost
+# per token (a packed INT4 model dequantizes every matrix once a step: at the 6.7B shape 8 steps of 512
+# tokens took 145 ms for a 4K prompt where 2 of 2048 took 108), and the longer steps pay it fewer times.
+# The bound is what a keystroke may lose: an eager step that a newer request stops between layers leaves
+# no rows, so a step must stay under the time between two keystrokes of a fast typist.
+PREFILL_STEP_MS = 100.0
 
 
 def part_count(layer_bytes: int, layers: int) -> int:
@@ -54,24 +61,51 @@ def part_count(layer_bytes: int, layers: int) -> int:
 
 
 def prefill_buckets(
-    macs_per_token: int, max_context: int, token_bytes: int = 0, free_bytes: int | None = None
+    macs_per_token: int,
+    max_context: int,
+    token_bytes: int = 0,
+    free_bytes: int | None = None,
+    step_flop: float = PREFILL_STEP_FLOP,
 ) -> tuple[int, ...]:
     """The long prefill buckets a model gets: those that fit a slot from position 0, whose GEMMs stay
-    under PREFILL_STEP_FLOP (`macs_per_token`: multiply-adds of all layers for one token), and whose
+    under `step_flop` (`macs_per_token`: multiply-adds of all layers for one token), and whose
     graph pool (`token_bytes` a token: the fast path estimates twice its widest activations, 450 MiB for
     4096 tokens at the 1.3B shape, where the H200 measured 506) takes at most a quarter of `free_bytes`,
     the device memory left once weights and KV are in: a small GPU keeps the shorter ones, or none."""
-    fits = (b for b in PREFILL_BUCKETS if b <= max_context and 2 * macs_per_token * b <= PREFILL_STEP_FLOP)
+    fits = (b for b in PREFILL_BUCKETS if b <= max_context and 2 * macs_per_token * b <= step_flop)
     return tuple(b for b in fits if free_bytes is None or 4 * token_bytes * b <= free_bytes)
 
 
-def long_prefill_buckets(cfg: ModelConfig, max_context: int, weights: torch.Tensor) -> tuple[int, ...]:
-    """`prefill_buckets` for a model on its device: a long step's graph pool estimated as twice its widest
-    activations (QKV, gate/up, SwiGLU's output, the residual stream and norms) in the weights' dtype, the
-    free memory read now, with the weights and the KV buffer in."""
+def long_prefill_buckets(
+    cfg: ModelConfig, max_context: int, weights: torch.Tensor, step_flop: float = PREFILL_STEP_FLOP
+) -> tuple[int, ...]:
+    """`prefill_buckets` for a model on its device: a long step's graph pool (or an eager step's
+    activations) estimated as twice its widest activations (QKV, gate/up, SwiGLU's output, the residual
+    stream and norms) in the weights' dtype, the free memory read now, with the weights and the KV buffer
+    in. `step_flop`: the FLOP bound of a step (math.inf: none, for eager steps bounded by time instead)."""
     width = cfg.q_size + 2 * cfg.kv_size + 3 * cfg.intermediate_size + 3 * cfg.hidden_size
     free, _ = torch.cuda.mem_get_info(weights.device)
-    return prefill_buckets(cfg.linear_macs, max_context, 2 * width * weights.element_size(), free)
+    return prefill_buckets(cfg.linear_macs, max_context, 2 * width * weights.element_size(), free, step_flop)
+
+
+def eager_prefill_steps(
+    small: tuple[int, float],
+    large: tuple[int, float],
+    candidates: Sequence[int],
+    budget_ms: float = PREFILL_STEP_MS,
+) -> tuple[int, ...]:
+    """The `candidates` (tokens) whose step is predicted to take at most `budget_ms`, from two timed steps
+    (tokens, ms) of the same model: a fixed cost plus a cost per token, the line through both. Timings
+    that do not grow with the tokens (noise) are read as a cost per token alone, which predicts longer."""
+    (n0, t0), (n1, t1) = small, large
+    if n1 <= n0:
+        raise ValueError(f"the large step must have more tokens than the small one, got {n0} and {n1}")
+    per_token, fixed = (t1 - t0) / (n1 - n0), 0.0
+    if per_token <= 0.0 or per_token * n1 > t1:
+        per_token = t1 / n1
+    else:
+        fixed = t1 - per_token * n1
+    return tuple(b for b in candidates if fixed + per_token * b <= budget_ms)
 
 
 def next_chunk(remaining: int, start: int, long_buckets: Sequence[int], capacity: int, limit: int) -> int:

@@ -19,7 +19,15 @@ from typing import Any
 
 import torch
 
-from lsp_dscoder.bench_engine import choice_line, gemm_choice, measure, measure_floors, start_engine
+from lsp_dscoder.bench_engine import (
+    choice_line,
+    gemm_choice,
+    long_steps,
+    measure,
+    measure_floors,
+    start_engine,
+    steps_line,
+)
 from lsp_dscoder.engine.awq import AwqConfig
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.weights import Weights, expected_shapes, weights_from_tensors
@@ -101,6 +109,7 @@ def run_one(cfg: ModelConfig, weights: Weights, reps: int, ids: torch.Tensor) ->
         "logits": logits,
         "floors": floors,
         "chosen": gemm_choice(built.runner),
+        "long_steps": long_steps(built.runner),
     }
 
 
@@ -144,7 +153,7 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"warm-up s: bf16 {r['bf16']['warmup_s']:.1f}, AWQ {r['awq']['warmup_s']:.1f}; 512-token prompt, "
           f"AWQ vs bf16 logits: rel. L2 {p['rel_l2']:.3f}, same argmax {p['argmax_equal']}")  # fmt: skip
     for kind in ("bf16", "awq"):
-        print(f"{kind}: {choice_line(r[kind]['chosen'])}")
+        print(f"{kind}: {choice_line(r[kind]['chosen'])}; {steps_line(r[kind]['long_steps'])}")
 
 
 def run_awq(args: argparse.Namespace) -> list[dict[str, Any]]:

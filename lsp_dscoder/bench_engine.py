@@ -56,6 +56,15 @@ def choice_line(chosen: dict[int, str]) -> str:
     )
 
 
+def long_steps(runner: Any) -> dict[str, list[int]]:
+    """The prefill steps past the engine's chunk that the fast path takes: as graphs, and eagerly."""
+    return {k: list(getattr(runner, f"{k}_buckets", ())) for k in ("long", "eager")}
+
+
+def steps_line(steps: dict[str, list[int]]) -> str:
+    return f"long prefill steps (tokens): graphs {steps['long'] or 'none'}, eager {steps['eager'] or 'none'}"
+
+
 def measure_floors() -> dict[str, float]:
     """The measured ceilings (the kernels' check uses the same measurement)."""
     from lsp_dscoder.kernels.check_gpu import measure_floors as floors
@@ -173,6 +182,7 @@ def bench_model(
     progress(f"warm-up done ({built.warmup_s:.1f} s)")
     result: dict[str, Any] = {"model": label, "floors": floors, "warmup_s": built.warmup_s, "rows": []}
     result["gemm_choice"] = gemm_choice(built.runner)
+    result["long_steps"] = long_steps(built.runner)
     result["parity_rel_l2"] = parity(built, hf, cfg)
     progress("parity done")
     for name, (new, prefix) in SCENARIOS.items():
@@ -239,9 +249,10 @@ def measure(
 
     n = reps if new <= 512 else max(3, reps // 4)
     ours = _events(lambda: step().argmax(-1), n)
-    before = runner.counts["graph_replays"]
+    before = dict(runner.counts)
     step()
-    replays = runner.counts["graph_replays"] - before  # of one step (the timing above warms up more)
+    # Of one step (the timing above warms up more): graph replays, and eager forwards of long steps.
+    replays, eager = (runner.counts[k] - before[k] for k in ("graph_replays", "eager_forwards"))
     t = time.perf_counter()
     host_reps = 5 if new <= 512 else 2  # a cold 8K prompt at 33B is ~1 s a run
     for _ in range(host_reps):
@@ -256,6 +267,7 @@ def measure(
         "floor_ms": floor,
         "bound": bound,
         "graph_replays_per_step": replays,
+        "eager_forwards_per_step": eager,
     }
 
 
@@ -283,7 +295,7 @@ def print_table(r: dict[str, Any]) -> None:
     )
     print(
         "| scenario | ours ms (GPU) | ours ms (host, incl. sync) | transformers ms | floor ms | ours/floor | "
-        "transformers/ours | graph replays/step |"
+        "transformers/ours | graph replays / eager forwards |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for row in r["rows"]:
@@ -293,7 +305,7 @@ def print_table(r: dict[str, Any]) -> None:
         print(
             f"| {row['scenario']} | {ours:.3f} | {row['ours_host_ms']:.3f} | {hf_text} | "
             f"{row['floor_ms']:.3f} ({row['bound']}) | {ours / row['floor_ms']:.2f} | {speedup} | "
-            f"{row['graph_replays_per_step']:.0f} |"
+            f"{row['graph_replays_per_step']:.0f} / {row.get('eager_forwards_per_step', 0):.0f} |"
         )
     starts = ", ".join(
         f"{k}: {v:.1f} s" if v is not None else f"{k}: failed" for k, v in r.get("startup", {}).items()
@@ -301,6 +313,8 @@ def print_table(r: dict[str, Any]) -> None:
     print(f"warm-up in this process: {r['warmup_s']:.1f} s; {starts}")
     if r.get("gemm_choice"):
         print(choice_line(r["gemm_choice"]))
+    if "long_steps" in r:
+        print(steps_line(r["long_steps"]))
     if "memory_bytes" in r:
         print(
             "GPU memory (GB, measured around each allocation): "

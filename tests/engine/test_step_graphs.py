@@ -5,8 +5,10 @@ the GPU (`python -m tests.gpu.step_parts`)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+import pytest
 import torch
 
 from lsp_dscoder.bench import hf_config
@@ -18,6 +20,7 @@ from lsp_dscoder.engine.step_graphs import (
     PART_BYTES,
     PREFILL_STEP_FLOP,
     StepGraph,
+    eager_prefill_steps,
     next_chunk,
     part_bounds,
     part_count,
@@ -45,6 +48,26 @@ def test_long_prefill_steps_only_for_models_whose_step_stays_short() -> None:
     assert prefill_buckets(macs["1.3b"], 8256, token, 80 << 30) == (1024, 2048, 4096)
     assert prefill_buckets(macs["1.3b"], 8256, token, 4 * token * 4096 - 1) == (1024, 2048)
     assert prefill_buckets(macs["1.3b"], 8256, token, 1 << 20) == ()
+
+
+def test_eager_steps_are_the_lengths_predicted_to_stay_within_the_time_bound() -> None:
+    long = (1024, 2048, 4096)
+    # Without a FLOP bound every length that fits a slot is a candidate, whatever the model's size.
+    assert prefill_buckets(10**12, 8256, step_flop=math.inf) == long
+    assert prefill_buckets(10**12, 3000, step_flop=math.inf) == (1024, 2048)
+    # A fixed cost a step (dequantizing every packed matrix) plus a cost a token, the line through both
+    # timings: 4 ms + 7/256 ms a token predicts 32, 60 and 116 ms (the 6.7B shape on INT4 weights).
+    assert eager_prefill_steps((256, 11.0), (512, 18.0), long) == (1024, 2048)
+    assert eager_prefill_steps((256, 11.0), (512, 18.0), long, budget_ms=116.0) == long
+    assert eager_prefill_steps((256, 11.0), (512, 18.0), long, budget_ms=59.9) == (1024,)
+    # 33B on INT4 weights: 29 ms + 0.113 ms a token is 145 ms for 1024 tokens: it keeps its short steps.
+    assert eager_prefill_steps((256, 58.0), (512, 87.0), long) == ()
+    # Timings that do not grow with the tokens (noise), or whose line would have a negative fixed cost,
+    # are read as a cost per token alone: 9/512 ms a token, then 13/512.
+    assert eager_prefill_steps((256, 10.0), (512, 9.0), long) == long
+    assert eager_prefill_steps((256, 5.0), (512, 13.0), long) == (1024, 2048)
+    with pytest.raises(ValueError, match="more tokens"):
+        eager_prefill_steps((512, 13.0), (512, 13.0), long)
 
 
 def test_next_chunk_fills_long_buckets_without_padding_and_keeps_inside_the_slot() -> None:
