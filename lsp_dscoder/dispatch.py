@@ -26,6 +26,8 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 _SYNC = (types.TEXT_DOCUMENT_DID_OPEN, types.TEXT_DOCUMENT_DID_CHANGE)
 PARTIAL_COMPLETION = "dscoder/partialCompletion"
+# The backend's state as the editor's status shows it: sent when a remote endpoint goes down or works again.
+BACKEND_STATUS = "dscoder/status"
 
 
 def json_message(method: str, params: dict[str, Any]) -> bytes:

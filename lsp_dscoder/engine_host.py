@@ -45,6 +45,8 @@ class EngineHost:
         self._loop: asyncio.AbstractEventLoop | None = None
         # (logging level, message) for the user, called on the event loop: the remote backend's outages
         self.notify: Callable[[int, str], None] | None = None
+        # `dscoder/status` params for the editor's status, called on the event loop: the remote outages
+        self.status: Callable[[dict[str, Any]], None] | None = None
         self._params: dict[tuple[int, tuple[str, ...]], Any] = {}  # SamplingParams by (max_tokens, stop)
 
     @property
@@ -113,7 +115,7 @@ class EngineHost:
             from lsp_dscoder.remote import open_remote
 
             assert self._loop is not None
-            return open_remote(settings, model, self.notify, self._loop)
+            return open_remote(settings, model, self.notify, self._loop, self.status)
         from lsp_dscoder.engine.config import resolve  # torch: the in-process engine only
 
         device, dtype = resolve(settings.device, settings.dtype.value)

@@ -41,7 +41,7 @@ from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.remote_config import RemoteConfig
 from lsp_dscoder.remote_exchange import FAILURES, Exchanges
 from lsp_dscoder.remote_handle import RemoteHandle
-from lsp_dscoder.remote_health import Health, Notify
+from lsp_dscoder.remote_health import Health, Notify, Status
 from lsp_dscoder.remote_http import Body, Endpoint, RemoteError, check_status, describe, model_ids, read_head
 from lsp_dscoder.remote_pool import ConnectionPool
 from lsp_dscoder.remote_stream import StreamDecoder
@@ -60,6 +60,7 @@ class RemoteBackend:
         config: RemoteConfig,
         notify: Notify | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        status: Status | None = None,
     ) -> None:
         self.config = config
         self.endpoint = Endpoint.parse(config.endpoint)
@@ -77,7 +78,7 @@ class RemoteBackend:
             threading.Thread(target=self._serve, name="lsp-dscoder-remote", daemon=True).start()
         self._pool = ConnectionPool(self.endpoint, config.connect_timeout_s, self._loop)
         self.model = config.model
-        self.health = Health(str(self.endpoint), self._probe, notify)
+        self.health = Health(str(self.endpoint), self._probe, notify, status)
         self._exchanges = Exchanges(config, self.tokenizer, self._pool, self.health, self._finish)
         self._lock = threading.Lock()
         self._closed = False
@@ -248,10 +249,14 @@ class RemoteBackend:
 
 
 def open_remote(
-    settings: Settings, tokenizer: Path | str, notify: Notify | None, loop: asyncio.AbstractEventLoop
+    settings: Settings,
+    tokenizer: Path | str,
+    notify: Notify | None,
+    loop: asyncio.AbstractEventLoop,
+    status: Status | None = None,
 ) -> RemoteBackend:
     """The remote backend for the server's settings, doing its network on `loop` (the server's), where
-    `notify` is called too."""
+    `notify` and `status` are called too."""
     if settings.endpoint is None:
         raise ValueError("the remote backend needs an endpoint: set `endpoint` (or pass --endpoint URL)")
 
@@ -259,6 +264,10 @@ def open_remote(
         if notify is not None:
             loop.call_soon_threadsafe(notify, level, message)
 
+    def status_on_server_loop(params: dict[str, Any]) -> None:
+        if status is not None:
+            loop.call_soon_threadsafe(status, params)
+
     config = RemoteConfig.from_settings(settings, resolve_model(tokenizer))
     log.info("remote backend: %s (tokenizer %s)", config.endpoint, config.tokenizer)
-    return RemoteBackend(config, on_server_loop, loop)
+    return RemoteBackend(config, on_server_loop, loop, status_on_server_loop)

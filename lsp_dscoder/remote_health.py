@@ -20,16 +20,21 @@ log = logging.getLogger(__name__)
 
 # (logging level, message): shown to the user; called from the backend's threads
 Notify = Callable[[int, str], None]
+# `dscoder/status`'s params when the endpoint goes down or works again: editors show it in their status
+Status = Callable[[dict[str, Any]], None]
 
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 
 
 class Health:
-    def __init__(self, name: str, probe: Callable[[], None], notify: Notify | None) -> None:
+    def __init__(
+        self, name: str, probe: Callable[[], None], notify: Notify | None, status: Status | None = None
+    ) -> None:
         self.name = name
         self._probe = probe  # raises RemoteError when the endpoint is not serving
         self._notify = notify or (lambda level, message: None)
+        self._status = status or (lambda params: None)
         self._cond = threading.Condition()
         self.reachable = True
         self.last_error: str | None = None
@@ -67,6 +72,7 @@ class Health:
         if announced:
             log.info("%s is working again", self.name)
             self._notify(logging.INFO, f"dscoder: the completion endpoint {self.name} is working again")
+            self._status(self.status_params(True, None))
 
     def failed(self, message: str) -> None:
         with self._cond:
@@ -81,6 +87,11 @@ class Health:
         )
         if announce:
             self._notify(logging.WARNING, f"dscoder: the completion endpoint failed: {message}")
+            self._status(self.status_params(False, message))
+
+    def status_params(self, reachable: bool, error: str | None) -> dict[str, Any]:
+        """`dscoder/status` for an outage that begins (`error`: why) or ends."""
+        return {"backend": "remote", "endpoint": self.name, "reachable": reachable, "error": error}
 
     def refused(self, message: str) -> None:
         """The endpoint answered, but refused the request: shown once per distinct message."""

@@ -104,6 +104,7 @@ def _message_type(level: int) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from lsp_dscoder import transport
+    from lsp_dscoder.dispatch import BACKEND_STATUS
     from lsp_dscoder.rpc import DscoderProtocol
     from lsp_dscoder.server import create_server
 
@@ -131,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     ls = create_server(base)
     ls.host.notify = lambda level, message: ls.show(message, _message_type(level))
+    ls.host.status = lambda params: ls.protocol.notify_json(BACKEND_STATUS, params)
     if isinstance(ls.protocol, DscoderProtocol):
         ls.protocol.warm()
     try:

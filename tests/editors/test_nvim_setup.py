@@ -1,6 +1,6 @@
 """The Neovim plugin as a new user meets it, in a real headless Neovim: the README's default setup
 (bundled model, default filetypes, Neovim's default LSP log level), a model that does not load, a
-server command that does not exist, and typing before the model is ready.
+server command that does not exist, a remote endpoint that is down, and typing before the model is ready.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from lsp_dscoder.remote_llama import free_port
 from tests.editors.conftest import Editor, close_editor, launch_editor, wait_loaded
 
 pytestmark = pytest.mark.slow
@@ -123,6 +124,30 @@ def test_a_model_that_does_not_load_shows_why(failing_editor: Editor) -> None:
     ed.nvim.command("checkhealth lsp_dscoder")
     health = "\n".join(ed.nvim.current.buffer[:])
     assert "ERROR server: " in health and reason in health, health
+
+
+def test_a_remote_endpoint_that_is_down_shows_in_the_statusline(nvim_exe: Path, tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    cmd = [*DEFAULT_CMD, "--backend", "remote", "--endpoint", url]
+    ed = launch_editor(nvim_exe, tmp_path, "require('lsp_dscoder').setup({ cmd = ... })", cmd)
+    try:
+        ed.open(["x = 1"], 0, 0)
+        why = f"nothing is listening at {url}"
+        status = ed.wait_for(
+            lambda: (
+                (s := ed.lua("return require('lsp_dscoder').status()")).startswith("dscoder: unreachable")
+                and s
+            ),
+            "the statusline to show the outage",
+        )
+        assert status == f"dscoder: unreachable · {why}"
+        info = ed.lua("return require('lsp_dscoder').status_info()")
+        assert (info["state"], info["error"]) == ("unreachable", why), info
+        ed.type("A2")  # a keystroke while it is down: the server answers at once, the state stays
+        assert ed.wait_settled()["response"]["result"] is None
+        assert ed.lua("return require('lsp_dscoder').status_info().state") == "unreachable"
+    finally:
+        close_editor(ed)
 
 
 def test_a_wrong_cmd_reports_its_spawn_error_once_per_buffer(nvim_exe: Path, tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from pygls.exceptions import JsonRpcException
 from pytest_lsp.client import LanguageClient, make_test_lsp_client
 
 PARTIAL = "dscoder/partialCompletion"
+STATUS = "dscoder/status"
 TIMEOUT_S = 60.0
 
 
@@ -50,6 +51,7 @@ class Doc:
 class Editor:
     client: LanguageClient
     wire: list[tuple[str, Any]] = field(default_factory=list)  # ("partial", params) | ("response", id)
+    statuses: list[dict[str, Any]] = field(default_factory=list)  # `dscoder/status` params, in order
     ids: itertools.count = field(default_factory=lambda: itertools.count(1000))
     requests: dict[int, Request] = field(default_factory=dict)
     initialize_result: types.InitializeResult | None = None
@@ -62,6 +64,10 @@ class Editor:
             request = self.requests.get(params["requestId"])
             if request is not None and request.first_partial_at is None:
                 request.first_partial_at = time.perf_counter()
+
+        @self.client.feature(STATUS)
+        def status(ls: LanguageClient, params: Any) -> None:
+            self.statuses.append(to_plain(params))
 
     def partials(self, request: Request) -> list[dict[str, Any]]:
         return [p for kind, p in self.wire if kind == "partial" and p["requestId"] == request.id]

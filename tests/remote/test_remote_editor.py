@@ -157,6 +157,9 @@ async def test_engine_killed_mid_stream(gguf: Path, bundled: Path, tmp_path: Pat
         assert stats["reachable"] is False and stats["lastError"]
         assert [m.type for m in ed.client.messages] == [types.MessageType.Warning]
         assert "the completion endpoint failed" in ed.client.messages[0].message
+        # The editors' status says so, once for the outage, with the same reason.
+        down = {"backend": "remote", "endpoint": llama.url, "reachable": False, "error": stats["lastError"]}
+        assert ed.statuses == [down]
 
         revived.start()  # back on the same port
 
@@ -168,6 +171,7 @@ async def test_engine_killed_mid_stream(gguf: Path, bundled: Path, tmp_path: Pat
         assert (await ed.stats())["engine"]["reachable"] is True
         assert ed.client.messages[-1].type == types.MessageType.Info
         assert "working again" in ed.client.messages[-1].message and len(ed.client.messages) == 2
+        assert ed.statuses == [down, {**down, "reachable": True, "error": None}]
     finally:
         await ed.client.shutdown_session()
         await ed.client.stop()
@@ -196,6 +200,8 @@ async def test_nothing_listening(bundled: Path, tmp_path: Path):
                 f"dscoder: the completion endpoint failed: nothing is listening at {url}",
             )
         ]
+        down = {"backend": "remote", "endpoint": url, "reachable": False}
+        assert ed.statuses == [{**down, "error": f"nothing is listening at {url}"}]
     finally:
         await ed.client.shutdown_session()
         await ed.client.stop()

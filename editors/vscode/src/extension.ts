@@ -36,7 +36,15 @@ import {
   Settings,
   serverLaunch,
 } from './settings';
-import { INITIAL, renderStatus, StatusView, withBusy, withProgress } from './status';
+import {
+  BACKEND_STATUS_METHOD,
+  INITIAL,
+  renderStatus,
+  StatusView,
+  withBackend,
+  withBusy,
+  withProgress,
+} from './status';
 import { PARTIAL_COMPLETION_METHOD } from './suggestions';
 
 /** The server's statistics request; the extension reads whether the model loaded. */
@@ -160,7 +168,7 @@ class Session implements vscode.Disposable {
       if (newState === State.Running) running = true;
       if (this.client !== client) return;
       if (newState === State.Starting)
-        this.setStatus({ phase: 'starting', progress: undefined, error: undefined });
+        this.setStatus({ phase: 'starting', progress: undefined, error: undefined, unreachable: undefined });
       if (newState === State.Running && this.status.phase === 'starting') {
         // The model loads after `initialized`; its progress (or the stats) says when it is ready.
         this.setStatus({ phase: 'loading' });
@@ -174,6 +182,9 @@ class Session implements vscode.Disposable {
     this.client = client;
     this.inline = inline;
     client.onNotification(PARTIAL_COMPLETION_METHOD, (params: unknown) => inline.onPartial(params));
+    client.onNotification(BACKEND_STATUS_METHOD, (params: unknown) => {
+      if (this.client === client) this.setStatus(withBackend(this.status, params));
+    });
     client.start().catch((err: unknown) => {
       if (this.client !== client) return;
       // vscode-languageclient has shown the error. A command that cannot run: the setting is what to

@@ -1,4 +1,5 @@
-/** What the status bar item says: server phase, model-load progress, last time to first token. Pure. */
+/** What the status bar item says: server phase, model-load progress, a remote endpoint that is down, last
+ * time to first token. Pure. */
 
 /** `starting`: the process starts; `loading`: it runs and its model is not ready yet (also before the
  * server's load progress begins); `failed`: the server runs but its model did not load; `stopped`: the
@@ -19,13 +20,19 @@ export interface StatusView {
   readonly lastTtftMs: number | undefined;
   /** Why the model or the server is not available. */
   readonly error: string | undefined;
+  /** Why the remote backend's endpoint is down (the server's `dscoder/status`), until it works again. */
+  readonly unreachable: string | undefined;
 }
+
+/** The server's notification of its backend's state: a remote endpoint that went down or works again. */
+export const BACKEND_STATUS_METHOD = 'dscoder/status';
 
 export const INITIAL: StatusView = {
   phase: 'starting',
   progress: undefined,
   lastTtftMs: undefined,
   error: undefined,
+  unreachable: undefined,
 };
 
 const ICONS: Record<Phase, string> = {
@@ -61,6 +68,17 @@ export function withProgress(v: StatusView, p: LoadProgressEvent): StatusView {
   return { ...v, phase: 'idle', progress: undefined };
 }
 
+/** The status after `dscoder/status` ({reachable, error, endpoint}); anything else changes nothing. */
+export function withBackend(v: StatusView, params: unknown): StatusView {
+  if (typeof params !== 'object' || params === null) return v;
+  const { reachable, error, endpoint } = params as Record<string, unknown>;
+  if (reachable === true) return { ...v, unreachable: undefined };
+  if (reachable !== false) return v;
+  const why =
+    typeof error === 'string' && error !== '' ? error : `the completion endpoint ${String(endpoint)} is down`;
+  return { ...v, unreachable: why };
+}
+
 /** A request went out or ended: only moves between idle and generating, never hides loading/failure. */
 export function withBusy(v: StatusView, generating: boolean): StatusView {
   if (v.phase !== 'idle' && v.phase !== 'generating') return v;
@@ -82,6 +100,13 @@ export function shortReason(reason: string): string {
 }
 
 export function renderStatus(v: StatusView): { text: string; tooltip: string } {
+  // A model that serves from an endpoint that is down: requests get nothing until it is back.
+  if ((v.phase === 'idle' || v.phase === 'generating') && v.unreachable !== undefined) {
+    return {
+      text: `$(debug-disconnect) dscoder: unreachable: ${shortReason(v.unreachable)}`,
+      tooltip: ['lsp-dscoder: unreachable', v.unreachable, 'Click to show the server log.'].join('\n'),
+    };
+  }
   let text = `${ICONS[v.phase]} dscoder`;
   const tips = [`lsp-dscoder: ${v.phase}`];
   if (v.phase === 'loading' && v.progress !== undefined) {

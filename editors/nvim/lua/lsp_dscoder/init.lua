@@ -64,7 +64,12 @@ local function start(bufnr)
     root_dir = vim.fs.root(bufnr, cfg.root_markers) or vim.uv.cwd(),
     init_options = cfg.init_options,
     capabilities = capabilities,
-    handlers = { ['dscoder/partialCompletion'] = on_partial },
+    handlers = {
+      ['dscoder/partialCompletion'] = on_partial,
+      ['dscoder/status'] = function(_, params)
+        status.on_backend_status(params)
+      end,
+    },
     on_exit = function()
       vim.schedule(status.reset)
     end,

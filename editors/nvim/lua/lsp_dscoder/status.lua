@@ -1,12 +1,20 @@
 --- What a statusline shows: loading (the server's `$/progress`), idle, generating, failed (the model
---- did not load, or the server could not start: with the reason), and the last time to first token as
---- the editor saw it (request sent -> first streamed text).
+--- did not load, or the server could not start: with the reason), unreachable (the remote backend's
+--- endpoint is down: the server's `dscoder/status`, with the reason), and the last time to first token
+--- as the editor saw it (request sent -> first streamed text).
 --- Fires `User LspDscoderStatus` whenever the displayed state changes.
 
 local M = {}
 
 --- @enum lsp_dscoder.State
-M.State = { OFF = 'off', LOADING = 'loading', IDLE = 'idle', GENERATING = 'generating', FAILED = 'failed' }
+M.State = {
+  OFF = 'off',
+  LOADING = 'loading',
+  IDLE = 'idle',
+  GENERATING = 'generating',
+  FAILED = 'failed',
+  UNREACHABLE = 'unreachable',
+}
 
 local progress = {} ---@type table<string|integer, {title: string?, message: string?, percentage: integer?}>
 local generating = {} ---@type table<integer, boolean> bufnr -> request in flight
@@ -14,12 +22,13 @@ local last_ttft_ms = nil ---@type number?
 local last_shown = nil ---@type string?
 local failure = nil ---@type string? why the model did not load / the server did not start
 local load_ended = false -- a load progress has ended since the server started: before, it is loading
+local unreachable = nil ---@type string? why the remote backend's endpoint is down
 
 --- @class lsp_dscoder.StatusInfo
 --- @field state lsp_dscoder.State
 --- @field ttft_ms number?
 --- @field progress {title: string?, message: string?, percentage: integer?}?
---- @field error string? with state `failed`: why
+--- @field error string? with state `failed` or `unreachable`: why
 
 --- @param running boolean whether the server process is up
 --- @param ready boolean whether it answered `initialize`
@@ -36,6 +45,8 @@ function M.info(running, ready)
   end
   if work or not ready or not load_ended then
     info.state, info.progress = M.State.LOADING, work
+  elseif unreachable then
+    info.state, info.error = M.State.UNREACHABLE, unreachable
   elseif next(generating) then
     info.state = M.State.GENERATING
   else
@@ -92,6 +103,19 @@ function M.on_progress(params)
   changed()
 end
 
+--- Feed a `dscoder/status` notification: the remote endpoint went down (`reachable` false, `error`
+--- why) or works again.
+--- @param params {reachable: boolean, error: string?, endpoint: string?}
+function M.on_backend_status(params)
+  if params.reachable == false then
+    local why = type(params.error) == 'string' and params.error or nil
+    unreachable = why or ('the completion endpoint ' .. tostring(params.endpoint) .. ' is down')
+  else
+    unreachable = nil
+  end
+  changed()
+end
+
 --- The server could not start (or the model not load): shown until a new load begins.
 --- @param reason string
 function M.set_failure(reason)
@@ -122,7 +146,7 @@ end
 
 --- Forget the server's progress and requests (it exited); a failure stays shown.
 function M.reset()
-  progress, generating, load_ended = {}, {}, false
+  progress, generating, load_ended, unreachable = {}, {}, false, nil
   changed()
 end
 

@@ -1,7 +1,16 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { formatMs, INITIAL, Phase, renderStatus, shortReason, withBusy, withProgress } from '../status';
+import {
+  formatMs,
+  INITIAL,
+  Phase,
+  renderStatus,
+  shortReason,
+  withBackend,
+  withBusy,
+  withProgress,
+} from '../status';
 
 const CLICK = 'Click to show the server log.';
 
@@ -128,4 +137,35 @@ test("the server's load progress: begin, report, and its end with ready or faile
     phase: 'failed',
     error: 'unknown error',
   });
+});
+
+test('a remote endpoint that is down: unreachable with its reason until it works again', () => {
+  const url = 'http://127.0.0.1:8080';
+  const down = {
+    backend: 'remote',
+    endpoint: url,
+    reachable: false,
+    error: `nothing is listening at ${url}`,
+  };
+  const idle = { ...INITIAL, phase: 'idle' as const, lastTtftMs: 30 };
+  const out = withBackend(idle, down);
+  assert.deepEqual(out, { ...idle, unreachable: `nothing is listening at ${url}` });
+  assert.deepEqual(renderStatus(out), {
+    text: `$(debug-disconnect) dscoder: unreachable: nothing is listening at ${url}`,
+    tooltip: `lsp-dscoder: unreachable\nnothing is listening at ${url}\n${CLICK}`,
+  });
+  // A request going out or ending does not hide it; the endpoint working again does.
+  assert.equal(renderStatus(withBusy(out, true)).text, renderStatus(out).text);
+  assert.deepEqual(withBackend(out, { ...down, reachable: true, error: null }), idle);
+  assert.deepEqual(renderStatus(withBackend(out, { reachable: true })), renderStatus(idle));
+  // Told while the model still loads: shown once it is loaded.
+  const loading = withBackend({ ...INITIAL, phase: 'loading' }, down);
+  assert.equal(renderStatus(loading).text, '$(sync~spin) dscoder: loading');
+  assert.equal(renderStatus({ ...loading, phase: 'idle' }).text, renderStatus(out).text);
+  // Without a reason it names the endpoint; a malformed notification changes nothing.
+  assert.equal(
+    withBackend(idle, { reachable: false, endpoint: url }).unreachable,
+    `the completion endpoint ${url} is down`,
+  );
+  for (const bad of [null, 'down', 3, {}, { reachable: 'no' }]) assert.equal(withBackend(idle, bad), idle);
 });
