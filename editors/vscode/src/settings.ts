@@ -28,7 +28,8 @@ export interface Settings {
   readonly serverSettings: Readonly<Record<string, unknown>>;
   /** The remote backend's settings (user settings only: they choose where code and a key are sent). */
   readonly remote: Readonly<Record<string, unknown>>;
-  /** Language id -> enabled; the key `*` is the default for languages not listed. */
+  /** Language id -> enabled; the key `*` is the default for languages not listed; with neither, the
+   * model's languages (`isEnabled`). */
   readonly enable: Readonly<Record<string, boolean>>;
 }
 
@@ -41,8 +42,13 @@ export const DEFAULTS: Settings = {
   maxTokens: undefined,
   serverSettings: {},
   remote: {},
-  enable: { '*': true, plaintext: false, scminput: false },
+  enable: {},
 };
+
+/** What the server's bundled model (its default) was trained on: Python only. */
+export const BUNDLED_MODEL_LANGUAGES: readonly string[] = ['python'];
+/** Languages a model of your own does not get by default: prose and commit messages. */
+const PROSE_LANGUAGES: readonly string[] = ['plaintext', 'scminput'];
 
 /** Settings plus one message per value that had the wrong type and fell back to its default. */
 export interface ReadResult {
@@ -155,6 +161,19 @@ export function serverConfigurationChanged(a: Settings, b: Settings): boolean {
   return JSON.stringify(serverConfiguration(a)) !== JSON.stringify(serverConfiguration(b));
 }
 
+/** Whether the server runs its bundled model: no model in the settings or on its command line, and the
+ * in-process backend (a remote backend serves a model of its own). */
+export function usesBundledModel(s: Settings): boolean {
+  const conf = serverConfiguration(s);
+  const model = conf.model ?? undefined;
+  return model === undefined && conf.backend !== 'remote' && !s.serverArgs.includes('--model');
+}
+
+/** A language listed in `enable`, else `*`, else the model's languages: Python for the bundled model,
+ * every language but plain text and commit messages for a model of your own. */
 export function isEnabled(s: Settings, languageId: string): boolean {
-  return s.enable[languageId] ?? s.enable['*'] ?? true;
+  const set = s.enable[languageId] ?? s.enable['*'];
+  if (set !== undefined) return set;
+  if (usesBundledModel(s)) return BUNDLED_MODEL_LANGUAGES.includes(languageId);
+  return !PROSE_LANGUAGES.includes(languageId);
 }

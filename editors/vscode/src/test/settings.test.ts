@@ -5,6 +5,7 @@ import {
   DEFAULTS,
   initializationOptions,
   isEnabled,
+  usesBundledModel,
   needsRestart,
   readSettings,
   serverConfiguration,
@@ -86,16 +87,38 @@ test('a value of the wrong type falls back to its default with one message each'
   ]);
 });
 
-test('enable: a listed language wins over `*`, unlisted languages follow `*`', () => {
-  assert.equal(isEnabled(DEFAULTS, 'python'), true);
-  assert.equal(isEnabled(DEFAULTS, 'plaintext'), false);
-  assert.equal(isEnabled(DEFAULTS, 'scminput'), false);
-  const onlyPython = read({ enable: { '*': false, python: true } }).settings;
+test("enable: a listed language wins over `*`, `*` over the model's languages", () => {
+  // The bundled model (no model set anywhere) was trained on Python only.
+  assert.equal(usesBundledModel(DEFAULTS), true);
+  assert.equal(usesBundledModel(read({ model: '' }).settings), true); // "": the bundled model
+  assert.deepEqual(
+    ['python', 'rust', 'plaintext', 'scminput'].map((l) => isEnabled(DEFAULTS, l)),
+    [true, false, false, false],
+  );
+  // A model of your own (setting, server setting or command line) or a remote backend: every language
+  // but plain text and commit messages.
+  for (const own of [
+    read({ model: '/m/a' }).settings,
+    read({ serverSettings: { model: '/m/a' } }).settings,
+    read({ 'server.args': ['--stdio', '--model', '/m/a'] }).settings,
+    read({ remote: { backend: 'remote', endpoint: 'http://gpu:8000' } }).settings,
+  ]) {
+    assert.equal(usesBundledModel(own), false, JSON.stringify(own));
+    assert.deepEqual(
+      ['python', 'rust', 'plaintext', 'scminput'].map((l) => isEnabled(own, l)),
+      [true, true, false, false],
+    );
+  }
+  const onlyPython = read({ model: '/m/a', enable: { '*': false, python: true } }).settings;
   assert.equal(isEnabled(onlyPython, 'python'), true);
   assert.equal(isEnabled(onlyPython, 'rust'), false);
-  const noStar = read({ enable: { go: false } }).settings;
+  const everything = read({ enable: { '*': true } }).settings;
+  assert.equal(isEnabled(everything, 'rust'), true);
+  assert.equal(isEnabled(everything, 'plaintext'), true);
+  const noStar = read({ enable: { go: false, rust: true } }).settings;
   assert.equal(isEnabled(noStar, 'go'), false);
-  assert.equal(isEnabled(noStar, 'c'), true);
+  assert.equal(isEnabled(noStar, 'rust'), true);
+  assert.equal(isEnabled(noStar, 'c'), false); // the bundled model's languages
 });
 
 test('only the command line restarts the server; server settings are sent when they change', () => {
