@@ -146,6 +146,9 @@ def test_a_remote_endpoint_that_is_down_shows_in_the_statusline(nvim_exe: Path, 
         ed.type("A2")  # a keystroke while it is down: the server answers at once, the state stays
         assert ed.wait_settled()["response"]["result"] is None
         assert ed.lua("return require('lsp_dscoder').status_info().state") == "unreachable"
+        ed.nvim.command("checkhealth lsp_dscoder")
+        health = "\n".join(ed.nvim.current.buffer[:])
+        assert f"WARNING remote endpoint: {why}" in health, health
     finally:
         close_editor(ed)
 

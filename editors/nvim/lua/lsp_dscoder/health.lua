@@ -31,6 +31,11 @@ function M.check()
       'check init_options.model (a checkpoint folder or a cached repo id) and cmd',
       ":execute 'edit' v:lua.vim.lsp.log.get_filename() opens the LSP log (the server's stderr is there)",
     })
+  elseif info.state == 'unreachable' then
+    health.warn(('remote endpoint: %s'):format(info.error), {
+      'start the serving engine, or check the endpoint in init_options (docs/remote.md)',
+      'the server retries with backoff; suggestions come back once it answers',
+    })
   else
     health.info('status: ' .. plugin.status())
   end
