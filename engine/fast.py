@@ -16,15 +16,13 @@ Small steps (a keystroke, a decode step) are captured as CUDA graphs per (slot, 
 tokens are padded to the bucket, the start position and the index of the last real token live in device
 tensors, so one replay serves any position. Padded tokens write K/V past the real ones, into rows that
 are overwritten before they are ever read (the buffer has `max_bucket` spare rows at its end).
-A cold prompt of a small model also gets long prefill graphs (engine/step_graphs.py PREFILL_BUCKETS,
-used only where the step ends within the slot's rows); a larger model takes eager steps of those lengths
-where its timed graphs predict them short enough (PREFILL_STEP_MS). Anything else larger runs the same
-kernels eagerly: Triton takes the length as a runtime argument, so varying lengths never recompile.
+A cold prompt gets long prefill steps (engine/step_graphs.py PREFILL_BUCKETS, where they end within the
+slot's rows): graphs for a small model, eager steps for a larger one where timed graphs predict them short.
+Anything else larger runs eagerly: Triton takes the length as an argument, so no length recompiles.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -36,7 +34,7 @@ from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.step_graphs import (
     AHEAD,
     StepGraph,
-    eager_prefill_steps,
+    eager_steps,
     long_prefill_buckets,
     next_chunk,
     part_bounds,
@@ -97,8 +95,8 @@ class FastRunner:
             long_buckets = long_prefill_buckets(cfg, cache.max_context, model.w.embed) if graphs else ()
         self.long_buckets = tuple(b for b in long_buckets if b > max(padded, default=0)) if graphs else ()
         self.buckets = (*padded, *self.long_buckets)
-        # Longer prefill steps run eagerly where no graph covers them, chosen by capture from timed steps.
-        self.eager_buckets: tuple[int, ...] = ()
+        self.eager_buckets: tuple[int, ...] = ()  # longer steps without a graph: capture times them
+        self.prefill_steps = self.long_buckets  # what `chunk` plans with: the long graphs, the eager steps
         self.cos_sin = rope_cos_sin(
             cache.capacity, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, dev
         )
@@ -270,8 +268,7 @@ class FastRunner:
         return self._step(ids, start, slot, interrupted)
 
     def chunk(self, remaining: int, start: int, limit: int) -> int:
-        steps = (*self.long_buckets, *self.eager_buckets)
-        return next_chunk(remaining, start, steps, self.cache.capacity, limit)
+        return next_chunk(remaining, start, self.prefill_steps, self.cache.capacity, limit)
 
     def decode(
         self, token: int, pos: int, slot: int, interrupted: Interrupted | None = None
@@ -346,21 +343,15 @@ class FastRunner:
         losers.clear()
         torch.cuda.empty_cache()
         self.graph_pool_bytes = torch.cuda.memory_reserved() - reserved
-        self.eager_buckets = self._eager_steps()
+        padded = {b: g for (s, b), g in self.graphs.items() if s == 0 and b not in self.long_buckets}
+        w, longest = self.model.w.embed, max(self.buckets, default=0)
+        self.eager_buckets = eager_steps(self.cfg, self.cache.max_context, w, longest, padded, self._ms)
+        self.prefill_steps = (*self.long_buckets, *self.eager_buckets)
 
-    def _eager_steps(self) -> tuple[int, ...]:
-        """Eager prefill steps past every graph: predicted from the two largest padded graphs' replays to
-        take at most PREFILL_STEP_MS (engine/step_graphs.py), fitting a slot and the free memory."""
-        fits = long_prefill_buckets(self.cfg, self.cache.max_context, self.model.w.embed, step_flop=math.inf)
-        candidates = tuple(b for b in fits if b > max(self.buckets, default=0))
-        padded = sorted(b for b in self.buckets if b not in self.long_buckets and (0, b) in self.graphs)
-        if not candidates or len(padded) < 2:
-            return ()
-        timed = []
-        for b in padded[-2:]:
-            self.last.fill_(b - 1)  # the replays run at position 0 of slot 0: warm-up rows, never read
-            timed.append((b, self.graphs[(0, b)].median_ms(self.part_done, self.stream, reps=8)))
-        return eager_prefill_steps(timed[0], timed[1], candidates)
+    def _ms(self, bucket: int, graph: StepGraph, reps: int = 8) -> float:
+        """Median replay time of a bucket's graph (at warm-up: its rows are never read)."""
+        self.last.fill_(bucket - 1)  # the replays run: `last` must index this bucket's rows
+        return graph.median_ms(self.part_done, self.stream, reps)
 
     def _use(self, choice: str) -> None:
         """Set the flags the launches read for a choice: "cublas", or "skinny" with "+res" (the fused layer)
@@ -404,13 +395,12 @@ class FastRunner:
         """The GEMM choice whose graph replays fastest for this bucket (median of 9 timed replays), and
         that graph; the others go to `losers`."""
         timed: dict[str, tuple[float, StepGraph]] = {}
-        self.last.fill_(bucket - 1)  # the timed replays run: `last` must index this bucket's rows
         choices = self._choices(bucket)
         reps = 12 if len(choices) > 1 else 0  # a single choice is not timed
         for choice in choices:
             self._use(choice)
             captured = self._capture_one(bucket, slot)
-            timed[choice] = (captured.median_ms(self.part_done, self.stream, reps), captured)
+            timed[choice] = (self._ms(bucket, captured, reps), captured)
         best = min(timed, key=lambda c: timed[c][0])
         losers.extend(g for c, (_, g) in timed.items() if c != best)
         return best, timed[best][1]

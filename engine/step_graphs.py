@@ -18,7 +18,8 @@ stays one graph. On the H200 the 1.3B shape's decode step in 4 parts stops 0.23 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -106,6 +107,25 @@ def eager_prefill_steps(
     else:
         fixed = t1 - per_token * n1
     return tuple(b for b in candidates if fixed + per_token * b <= budget_ms)
+
+
+def eager_steps(
+    cfg: ModelConfig,
+    max_context: int,
+    weights: torch.Tensor,
+    longest: int,
+    padded: Mapping[int, StepGraph],
+    replay_ms: Callable[[int, StepGraph], float],
+) -> tuple[int, ...]:
+    """The eager prefill steps of a model on its device: PREFILL_BUCKETS longer than its `longest` graph
+    that fit a slot and the free memory, and that `eager_prefill_steps` predicts within PREFILL_STEP_MS
+    from the replay times of the two largest `padded` graphs (bucket -> graph; none with fewer than two)."""
+    fits = long_prefill_buckets(cfg, max_context, weights, step_flop=math.inf)
+    candidates = tuple(b for b in fits if b > longest)
+    if not candidates or len(padded) < 2:
+        return ()
+    small, large = ((b, replay_ms(b, padded[b])) for b in sorted(padded)[-2:])
+    return eager_prefill_steps(small, large, candidates)
 
 
 def next_chunk(remaining: int, start: int, long_buckets: Sequence[int], capacity: int, limit: int) -> int:

@@ -58,7 +58,10 @@ def choice_line(chosen: dict[int, str]) -> str:
 
 def long_steps(runner: Any) -> dict[str, list[int]]:
     """The prefill steps past the engine's chunk that the fast path takes: as graphs, and eagerly."""
-    return {k: list(getattr(runner, f"{k}_buckets", ())) for k in ("long", "eager")}
+    return {
+        "long": list(getattr(runner, "long_buckets", ())),
+        "eager": list(getattr(runner, "eager_buckets", ())),
+    }
 
 
 def steps_line(steps: dict[str, list[int]]) -> str:
@@ -305,7 +308,7 @@ def print_table(r: dict[str, Any]) -> None:
         print(
             f"| {row['scenario']} | {ours:.3f} | {row['ours_host_ms']:.3f} | {hf_text} | "
             f"{row['floor_ms']:.3f} ({row['bound']}) | {ours / row['floor_ms']:.2f} | {speedup} | "
-            f"{row['graph_replays_per_step']:.0f} / {row.get('eager_forwards_per_step', 0):.0f} |"
+            f"{row['graph_replays_per_step']:.0f} / {row['eager_forwards_per_step']:.0f} |"
         )
     starts = ", ".join(
         f"{k}: {v:.1f} s" if v is not None else f"{k}: failed" for k, v in r.get("startup", {}).items()
