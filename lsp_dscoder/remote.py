@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -260,14 +261,16 @@ def open_remote(
     if settings.endpoint is None:
         raise ValueError("the remote backend needs an endpoint: set `endpoint` (or pass --endpoint URL)")
 
-    def on_server_loop(level: int, message: str) -> None:
-        if notify is not None:
-            loop.call_soon_threadsafe(notify, level, message)
+    def on_server_loop(fn: Callable[..., None] | None) -> Callable[..., None] | None:
+        """`fn`, called on `loop` from whichever thread calls it (the probe's, the backend's)."""
+        if fn is None:
+            return None
 
-    def status_on_server_loop(params: dict[str, Any]) -> None:
-        if status is not None:
-            loop.call_soon_threadsafe(status, params)
+        def call(*args: Any) -> None:
+            loop.call_soon_threadsafe(fn, *args)
+
+        return call
 
     config = RemoteConfig.from_settings(settings, resolve_model(tokenizer))
     log.info("remote backend: %s (tokenizer %s)", config.endpoint, config.tokenizer)
-    return RemoteBackend(config, on_server_loop, loop, status_on_server_loop)
+    return RemoteBackend(config, on_server_loop(notify), loop, on_server_loop(status))

@@ -164,9 +164,9 @@ export function serverConfigurationChanged(a: Settings, b: Settings): boolean {
 /** Whether the server runs its bundled model: no model in the settings or on its command line, and the
  * in-process backend (a remote backend serves a model of its own). */
 export function usesBundledModel(s: Settings): boolean {
-  const conf = serverConfiguration(s);
-  const model = conf.model ?? undefined;
-  return model === undefined && conf.backend !== 'remote' && !s.serverArgs.includes('--model');
+  const { model, backend } = serverConfiguration(s);
+  const onCommandLine = s.serverArgs.some((a) => a === '--model' || a.startsWith('--model='));
+  return (model ?? '') === '' && backend !== 'remote' && !onCommandLine;
 }
 
 /** A language listed in `enable`, else `*`, else the model's languages: Python for the bundled model,

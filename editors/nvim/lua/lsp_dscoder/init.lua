@@ -5,6 +5,7 @@ local config = require('lsp_dscoder.config')
 local ghost = require('lsp_dscoder.ghost')
 local keymaps = require('lsp_dscoder.keymaps')
 local request = require('lsp_dscoder.request')
+local restart = require('lsp_dscoder.restart')
 local status = require('lsp_dscoder.status')
 local suggestion = require('lsp_dscoder.suggestion')
 
@@ -17,13 +18,6 @@ local augroup = nil ---@type integer?
 --- Buffers whose server failed to start with the current `cmd`: not tried again (FileType, BufEnter
 --- and `:e` would each report the same spawn error) until setup() is called again.
 local start_failed = {} ---@type table<integer, true>
---- A server that exits on its own after it answered `initialize` is started again, at most RESTARTS
---- times in RESTART_WINDOW_S (as VS Code's client does); one that never initialized would fail the
---- same way again and is not.
-local RESTARTS, RESTART_WINDOW_S = 4, 180
-local restarted_at = {} ---@type number[] vim.uv.now() of the restarts inside the window
-local initialized = {} ---@type table<integer, true> client ids that answered `initialize`
-local exited = {} ---@type table<integer, true> client ids whose process has exited: never reused
 
 local function native()
   return require('lsp_dscoder.native')
@@ -58,52 +52,7 @@ local function on_partial(err, params, ctx)
   end
 end
 
-local start
-
---- The server exited without being asked to: start it again for the buffers that want it.
---- @param code integer
---- @param signal integer
-local function on_crash(code, signal)
-  local now = vim.uv.now()
-  restarted_at = vim.tbl_filter(function(t)
-    return now - t < RESTART_WINDOW_S * 1000
-  end, restarted_at)
-  local how = signal ~= 0 and ('signal %d'):format(signal) or ('code %d'):format(code)
-  if #restarted_at >= RESTARTS then
-    local why = ('the server exited (%s) %d times in %d minutes: not restarted'):format(
-      how,
-      RESTARTS + 1,
-      RESTART_WINDOW_S / 60
-    )
-    status.set_failure(why)
-    vim.notify('lsp-dscoder: ' .. why .. ' (:checkhealth lsp_dscoder)', vim.log.levels.ERROR)
-    return
-  end
-  restarted_at[#restarted_at + 1] = now
-  vim.notify(('lsp-dscoder: the server exited (%s); starting it again'):format(how), vim.log.levels.WARN)
-  for _, bufnr in ipairs(vim.api.nvim_list_bufs()) do
-    start(bufnr)
-  end
-end
-
---- @param code integer
---- @param signal integer
---- @param client_id integer
-local function on_exit(code, signal, client_id)
-  local was_up = initialized[client_id]
-  initialized[client_id], exited[client_id] = nil, true
-  vim.schedule(status.reset)
-  -- Code 0: it was stopped (`:LspStop`, Neovim exiting); 15: Neovim ended it.
-  if not was_up or (code == 0 and signal == 0) or signal == 15 or vim.v.exiting ~= vim.NIL then
-    return
-  end
-  -- After Neovim has detached and forgotten the old client (it schedules that after this callback).
-  vim.defer_fn(function()
-    on_crash(code, signal)
-  end, 50)
-end
-
-function start(bufnr)
+local function start(bufnr)
   if start_failed[bufnr] or not wanted(bufnr) or client_of(bufnr) then
     return
   end
@@ -122,15 +71,18 @@ function start(bufnr)
         status.on_backend_status(params)
       end,
     },
-    on_init = function(client)
-      initialized[client.id] = true
+    on_exit = function(code, signal, client_id)
+      restart.on_exit(code, signal, client_id, function()
+        for _, b in ipairs(vim.api.nvim_list_bufs()) do
+          start(b)
+        end
+      end)
     end,
-    on_exit = on_exit,
   }, {
     bufnr = bufnr,
     -- One server (one model in memory) for every buffer, whatever its project.
     reuse_client = function(client, conf)
-      return client.name == conf.name and not exited[client.id]
+      return client.name == conf.name and restart.reusable(client)
     end,
   })
   if not client_id and not client_of(bufnr) then
@@ -232,7 +184,8 @@ function M.setup(opts)
     end
   end
   cfg = new
-  start_failed, restarted_at = {}, {}
+  start_failed = {}
+  restart.forget()
   status.clear_failure()
   ghost.define_highlight()
   augroup = vim.api.nvim_create_augroup('lsp_dscoder', { clear = true })
