@@ -21,6 +21,7 @@ from lsp_dscoder.engine.step_graphs import (
     PREFILL_STEP_FLOP,
     StepGraph,
     eager_prefill_steps,
+    eager_steps,
     next_chunk,
     part_bounds,
     part_count,
@@ -68,6 +69,29 @@ def test_eager_steps_are_the_lengths_predicted_to_stay_within_the_time_bound() -
     assert eager_prefill_steps((256, 5.0), (512, 13.0), long) == (1024, 2048)
     with pytest.raises(ValueError, match="more tokens"):
         eager_prefill_steps((512, 13.0), (512, 13.0), long)
+
+
+def test_eager_steps_time_the_two_largest_graphs_and_skip_what_the_graphs_reach(monkeypatch: Any) -> None:
+    """What capture asks for (engine/fast.py): the 6.7B shape on INT4-like timings, with 80 GiB free."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (80 << 30, 141 << 30))
+    cfg, weights = ModelConfig.from_dict(hf_config("6.7b")), torch.empty(1, dtype=torch.bfloat16)
+    ms = {256: 11.0, 512: 18.0, 128: 999.0}
+    graphs: dict[int, Any] = {b: f"graph {b}" for b in ms}
+    timed: list[tuple[int, Any]] = []
+
+    def replay_ms(bucket: int, graph: Any) -> float:
+        timed.append((bucket, graph))
+        return ms[bucket]
+
+    assert eager_steps(cfg, 8256, weights, 512, graphs, replay_ms) == (1024, 2048)
+    assert timed == [(256, "graph 256"), (512, "graph 512")]  # the two largest, smaller first
+    # Candidates stop at what the graphs reach and at the slot; nothing is timed without one.
+    timed.clear()
+    assert eager_steps(cfg, 8256, weights, 1024, graphs, replay_ms) == (2048,)
+    assert eager_steps(cfg, 8256, weights, 4096, graphs, replay_ms) == ()
+    assert eager_steps(cfg, 1000, weights, 512, graphs, replay_ms) == ()
+    assert eager_steps(cfg, 8256, weights, 512, {512: "graph 512"}, replay_ms) == ()
+    assert timed == [(256, "graph 256"), (512, "graph 512")]
 
 
 def test_next_chunk_fills_long_buckets_without_padding_and_keeps_inside_the_slot() -> None:
