@@ -256,6 +256,9 @@ def measure(
     step()
     # Of one step (the timing above warms up more): graph replays, and eager forwards of long steps.
     replays, eager = (runner.counts[k] - before[k] for k in ("graph_replays", "eager_forwards"))
+    # That step was only launched: without the sync the host timing would include what is left of it
+    # (up to half a step more per rep at two reps).
+    torch.cuda.synchronize()
     t = time.perf_counter()
     host_reps = 5 if new <= 512 else 2  # a cold 8K prompt at 33B is ~1 s a run
     for _ in range(host_reps):
