@@ -108,6 +108,10 @@ class CompletionStats:
     # generated tokens fed back without a forward: the slot held them, with their logits, from the
     # request before (token healing spelling the typed word as the last generation did)
     replayed_tokens: int = 0
+    # draft tokens looked up in the request's own tokens and run with a decoded token (greedy decoding,
+    # engine/lookup.py), and those the model agreed with: generated without a step of their own
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)

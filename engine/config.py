@@ -217,6 +217,9 @@ class EngineConfig:
     num_slots: int = 4
     prefill_chunk: int = PREFILL_CHUNK
     fast_path: bool | None = None  # None: on when the device is CUDA and Triton is importable
+    # Greedy decoding's draft tokens a step (engine/lookup.py), 0 to 7. None: FAST_PATH_DRAFTS on the fast
+    # path, where a step of four tokens costs about what one does; none on the reference path.
+    draft_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -225,6 +228,8 @@ class EngineConfig:
             raise ValueError(f"max_context must be >= 16, got {self.max_context}")
         if self.num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {self.num_slots}")
+        if self.draft_tokens is not None and not 0 <= self.draft_tokens <= 7:
+            raise ValueError(f"draft_tokens must be in [0, 7], got {self.draft_tokens}")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):

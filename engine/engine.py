@@ -25,6 +25,7 @@ from lsp_dscoder.engine.factory import ReferenceRunner as ReferenceRunner  # whe
 from lsp_dscoder.engine.factory import assemble, wants_fast_path
 from lsp_dscoder.engine.generate import generate
 from lsp_dscoder.engine.handle import CompletionHandle
+from lsp_dscoder.engine.lookup import FAST_PATH_DRAFTS
 from lsp_dscoder.engine.prefix import VocabularyCheck, out_of_vocabulary, token_ids
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.engine.warm import WINDOW_S, rehearse
@@ -121,6 +122,8 @@ class Engine:
             built.runner,
             built.fast_path,
         )
+        default = FAST_PATH_DRAFTS if self.fast_path else 0
+        self.draft_tokens = default if config.draft_tokens is None else config.draft_tokens
         report("allocating KV cache", 1, 1)  # and the fast path's warm-up (its own stage in between)
 
     def submit(self, request: CompletionRequest, hand_off: bool = False) -> CompletionHandle:
@@ -232,6 +235,7 @@ class Engine:
                     self.config.prefill_chunk,
                     handle.submitted_at,
                     launched=handle._mark_launched,
+                    draft_tokens=self.draft_tokens,
                 )
             except Exception as e:  # any failure of one request must not stop the engine thread
                 log.exception("request failed")

@@ -55,6 +55,11 @@ class ReferenceRunner:
         ids = torch.tensor([token], dtype=torch.long, device=self.model.device)
         return self.model.forward_interruptible(ids, pos, self.cache, slot, interrupted=interrupted)
 
+    def verify(
+        self, ids: torch.Tensor, start: int, slot: int, interrupted: Interrupted | None = None
+    ) -> torch.Tensor | None:
+        return self.model.forward_interruptible(ids, start, self.cache, slot, True, interrupted)
+
 
 def _triton_available() -> bool:
     try:

@@ -30,6 +30,7 @@ import torch
 from lsp_dscoder.engine.awq import AwqLinear
 from lsp_dscoder.engine.awq_fast import PackedLinears
 from lsp_dscoder.engine.kv_cache import KVCache
+from lsp_dscoder.engine.lookup import DRAFT_MAX
 from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.step_graphs import (
     AHEAD,
@@ -152,12 +153,12 @@ class FastRunner:
         self,
         ids: torch.Tensor,
         start: torch.Tensor,
-        last: torch.Tensor,
+        last: torch.Tensor | None,
         slot: int,
         interrupted: Interrupted | None = None,
     ) -> torch.Tensor | None:
-        """ids (T,) at positions start..start+T-1 of `slot`; float32 logits (1, V) of token `last`, or None
-        when `interrupted` (asked between layers) says stop."""
+        """ids (T,) at positions start..start+T-1 of `slot`; float32 logits (1, V) of token `last` (None:
+        (T, V) of every token), or None when `interrupted` (asked between layers) says stop."""
         state = self.run_layers(self.embed(ids), range(len(self.model.w.layers)), start, slot, interrupted)
         return None if state is None else self.head(state, last)
 
@@ -252,13 +253,15 @@ class FastRunner:
         add = ResidualEpilogue(residual, layers[n + 1].input_norm, self.sums[ATTN_IN])
         return skinny_gemm(act, layer.w_down, workspace=ws, pdl=pdl, residual=add), residual
 
-    def head(self, state: State, last: torch.Tensor) -> torch.Tensor:
-        """The final norm and the LM head on row `last`: float32 logits (1, V)."""
+    def head(self, state: State, last: torch.Tensor | None) -> torch.Tensor:
+        """The final norm and the LM head on row `last`: float32 logits (1, V); None: every row's (T, V)."""
         x, residual = state
         assert x is not None  # a model has at least one layer
         w = self.model.w
         x = rms_norm(x, w.norm, self.cfg.rms_norm_eps, residual=residual, pdl=self.pdl)  # (T, C)
         # The LM head stays on cuBLAS: at 32K rows it streams near copy bandwidth there (docs/kernels.md).
+        if last is None:
+            return (x @ w.lm_head.T).float()  # (T, V): a few rows cost what one does (the head is read once)
         return (x.index_select(0, last) @ w.lm_head.T).float()  # (1, V): LM head on one row
 
     # -- Runner protocol -------------------------------------------------------------------------------
@@ -276,22 +279,33 @@ class FastRunner:
         self.ids[0] = token
         return self._step(self.ids[:1], pos, slot, interrupted)
 
+    def verify(
+        self, ids: torch.Tensor, start: int, slot: int, interrupted: Interrupted | None = None
+    ) -> torch.Tensor | None:
+        return self._step(ids, start, slot, interrupted, every_row=True)
+
     def _step(
-        self, ids: torch.Tensor, start: int, slot: int, interrupted: Interrupted | None
+        self,
+        ids: torch.Tensor,
+        start: int,
+        slot: int,
+        interrupted: Interrupted | None,
+        every_row: bool = False,
     ) -> torch.Tensor | None:
         """One graph replay, which `interrupted` may stop between its parts (engine/step_graphs.py), or an
-        eager forward that it may stop between layers; None when stopped, the rows it wrote not valid."""
+        eager forward that it may stop between layers; None when stopped, the rows it wrote not valid.
+        Logits (1, V) of the last token, or (T, V) of every token when `every_row`."""
         if interrupted is not None and interrupted():
             return None
         t = ids.shape[0]
         room = self.cache.capacity - start  # a bucket's padded rows must stay inside the slot
         bucket = next((b for b in self.buckets if t <= b <= room), None)
-        if bucket is None or (slot, bucket) not in self.graphs:
+        step = self.graphs.get((slot, bucket)) if bucket is not None else None
+        if step is None or (every_row and step.rows is None):
             self.counts["eager_forwards"] += 1
             pos = torch.full((1,), start, dtype=torch.int32, device=ids.device)
-            last = torch.full((1,), t - 1, dtype=torch.long, device=ids.device)
+            last = None if every_row else torch.full((1,), t - 1, dtype=torch.long, device=ids.device)
             return self.forward(ids, pos, last, slot, interrupted)
-        step = self.graphs[(slot, bucket)]
         if ids.data_ptr() != self.ids.data_ptr():
             self.ids[:t].copy_(ids, non_blocking=True)
         self.start.fill_(start)
@@ -300,6 +314,9 @@ class FastRunner:
         if not step.replay(self.part_done, self.stream, interrupted, self.ahead):
             self._stopped()
             return None
+        if every_row:
+            assert step.rows is not None
+            return step.rows[:t].clone()
         return step.logits.clone()  # the graph's output buffer is rewritten by the next replay
 
     def _stopped(self) -> None:
@@ -378,18 +395,24 @@ class FastRunner:
         held: list[torch.Tensor] = []
         state: State | None = None
         logits: torch.Tensor | None = None
+        rows: torch.Tensor | None = None
         bounds = part_bounds(len(self.model.w.layers), self.parts)
         for i, layers in enumerate(bounds):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 state = self.run_layers(state or self.embed(self.ids[:bucket]), layers, self.start, slot)
                 assert state is not None  # nothing interrupts a capture
-                if i == len(bounds) - 1:
+                if i == len(bounds) - 1 and bucket <= DRAFT_MAX + 1:
+                    # Every row's logits, for a step that verifies drafts (engine/lookup.py); the last
+                    # token's are a row of them.
+                    rows = self.head(state, None)  # (bucket, V)
+                    logits = rows.index_select(0, self.last)
+                elif i == len(bounds) - 1:
                     logits = self.head(state, self.last)
             parts.append(graph)
             held.extend(t for t in state if isinstance(t, torch.Tensor))
         assert logits is not None
-        return StepGraph(tuple(parts), logits, tuple(held))
+        return StepGraph(tuple(parts), logits, tuple(held), rows)
 
     def _time_choices(self, bucket: int, slot: int, losers: list[StepGraph]) -> tuple[str, StepGraph]:
         """The GEMM choice whose graph replays fastest for this bucket (median of 9 timed replays), and

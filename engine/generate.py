@@ -28,6 +28,7 @@ from lsp_dscoder.engine.api import (
     TokenEvent,
 )
 from lsp_dscoder.engine.kv_cache import KVCache, Match
+from lsp_dscoder.engine.lookup import DRAFT_MAX, Lookup
 from lsp_dscoder.engine.stops import StopStringFilter
 from lsp_dscoder.engine.tokenizer import Tokenizer
 
@@ -56,6 +57,13 @@ class Runner(Protocol):
     def chunk(self, remaining: int, start: int, limit: int) -> int:
         """Tokens of the next prefill step at `start`, of `remaining` (at most `limit` where the runner has
         no longer steps that run faster)."""
+        ...
+
+    def verify(
+        self, ids: torch.Tensor, start: int, slot: int, interrupted: Interrupted | None = None
+    ) -> torch.Tensor | None:
+        """prefill's step for a token and its drafts (at most DRAFT_MAX + 1 ids); logits (T, V) float32 of
+        every position."""
         ...
 
 
@@ -177,10 +185,15 @@ def generate(
     queued_at: float,
     healing: Healing = HEALING,
     launched: Callable[[], None] | None = None,
+    draft_tokens: int = 0,
 ) -> Completion:
     """Run `request` to its stop, emitting token events. `launched` is called once: when this thread is
     about to wait for a forward it queued (the runner asks `stale` there, and the sample after a forward
-    waits), or to emit visible text, whichever comes first; not at all if the request stops before."""
+    waits), or to emit visible text, whichever comes first; not at all if the request stops before.
+    `draft_tokens`: greedy decoding runs up to that many tokens looked up in the request's own tokens
+    (engine/lookup.py) with the token it decodes, as one step, and keeps those the model agrees with."""
+    if not 0 <= draft_tokens <= DRAFT_MAX:
+        raise ValueError(f"draft_tokens must be in [0, {DRAFT_MAX}], got {draft_tokens}")
     started = time.perf_counter()
     params = request.params
     device = cache.buffer.device
@@ -234,6 +247,13 @@ def generate(
     replayed = 0  # tokens fed back without a forward: the draft held them
     text_at: float | None = None
     heal = begin.heal  # still to be spelled by the generated tokens, and not emitted
+    # Prompt lookup (greedy only): drafts run with the decoded token; `verified` holds each draft with the
+    # logits its step computed after it, valid while the sampled tokens keep matching the drafts.
+    lookup = (
+        Lookup(request.prompt_ids, params.max_tokens) if draft_tokens and params.temperature <= 0 else None
+    )
+    verified: list[tuple[int, torch.Tensor]] = []
+    drafted = accepted = 0
     while stop is None:
         assert logits is not None
         if len(out) >= params.max_tokens:
@@ -254,6 +274,8 @@ def generate(
             stop = StopReason.EOS
             break
         out.append(token)
+        if lookup is not None:
+            lookup.push(token)
         piece = visible = decoder.push(token)
         if heal:  # candidates decode whole: the piece spells (part of) what is left to heal
             n = min(len(heal), len(piece))
@@ -278,9 +300,22 @@ def generate(
             if held == token and pos in kept:
                 logits = slot.draft_logits(pos)  # this token ran here last time: its rows and logits stand
                 replayed += 1
+            elif verified and verified[0][0] == token:
+                logits = verified.pop(0)[1]  # the model agreed with the draft: its step's logits stand
+                accepted += 1
             else:
-                draft = ()  # from here on the rows are rewritten
-                logits = runner.decode(token, pos, slot.index, stale)
+                draft, verified = (), []  # from here on the rows are rewritten
+                room = min(draft_tokens, params.max_tokens - len(out) - 1, cache.max_context - pos - 1)
+                guess = lookup.propose(room) if lookup is not None and not heal else ()
+                if guess:
+                    ids = torch.tensor((token, *guess), dtype=torch.long, device=device)  # (1 + k,)
+                    rows = runner.verify(ids, pos, slot.index, stale)  # (1 + k, V)
+                    logits = None if rows is None else rows[:1]
+                    if rows is not None:
+                        verified = [(t, rows[i + 1 : i + 2]) for i, t in enumerate(guess)]
+                        drafted += len(guess)
+                else:
+                    logits = runner.decode(token, pos, slot.index, stale)
                 steps += 1
                 if logits is None:
                     stop = interrupted() or StopReason.CANCELLED
@@ -310,5 +345,7 @@ def generate(
         steps_to_text=steps_to_text,
         text_s=text_at - started if text_at is not None else None,
         replayed_tokens=replayed,
+        drafted_tokens=drafted,
+        accepted_tokens=accepted,
     )
     return Completion(text=stops.text[: stops.emitted], token_ids=tuple(out), stats=stats)

@@ -154,6 +154,7 @@ class StepGraph:
     parts: tuple[torch.cuda.CUDAGraph, ...]
     logits: torch.Tensor
     held: tuple[torch.Tensor, ...]
+    rows: torch.Tensor | None = None  # every token's logits (bucket, V), for steps that verify drafts
 
     def replay(
         self,

@@ -125,6 +125,7 @@ class EngineHost:
             dtype=dtype,
             max_context=settings.max_context,
             num_slots=settings.num_slots,
+            draft_tokens=settings.draft_tokens,
         )
         log.info("loading %s on %s (%s)", model, device, dtype)
         engine = api.Engine(config, progress=progress)

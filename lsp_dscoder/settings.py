@@ -67,6 +67,7 @@ class Settings:
     dtype: DType = DType.AUTO
     max_context: int = 4096  # KV cache length per slot, in tokens
     num_slots: int = 4  # documents whose KV stays cached (LRU)
+    draft_tokens: int | None = None  # greedy draft tokens a step (engine/lookup.py); None: the engine's
     # Prompt budgets, in tokens: the fields of `prompt_parts.Budgets` (meanings and defaults there).
     context_tokens: int = _BUDGETS.context_tokens
     prefix_tokens: int = _BUDGETS.prefix_tokens
@@ -95,9 +96,9 @@ class Settings:
     remote_request: Mapping[str, Any] | None = None  # remote: more body fields, e.g. {"top_k": 1}
 
     ENGINE_FIELDS = (
-        "model", "device", "dtype", "max_context", "num_slots", "backend", "endpoint", "remote_model",
-        "api_key_env", "remote_prompt", "connect_timeout_ms", "first_token_timeout_ms", "read_timeout_ms",
-        "remote_request",
+        "model", "device", "dtype", "max_context", "num_slots", "draft_tokens", "backend", "endpoint",
+        "remote_model", "api_key_env", "remote_prompt", "connect_timeout_ms", "first_token_timeout_ms",
+        "read_timeout_ms", "remote_request",
     )  # fmt: skip
 
     def engine_key(self) -> tuple[Any, ...]:
@@ -174,6 +175,7 @@ _CHECKS: dict[str, Callable[[Any], Any]] = {
     "dtype": _enum(DType),
     "max_context": _int_in(64, 1 << 20),
     "num_slots": _int_in(1, 64),
+    "draft_tokens": _optional(_int_in(0, 7)),
     "context_tokens": _int_in(0, 1 << 20),
     "prefix_tokens": _int_in(0, 1 << 20),
     "suffix_tokens": _int_in(0, 1 << 20),

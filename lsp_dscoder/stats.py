@@ -112,6 +112,8 @@ class RequestRecord:
             "generatedTokens": None if e is None else e.generated_tokens,
             "decodeTokensPerS": rate,
             "stepsToText": None if e is None else e.steps_to_text,
+            "draftedTokens": None if e is None else e.drafted_tokens,
+            "acceptedTokens": None if e is None else e.accepted_tokens,
             "stopReason": stop,
             "stopRule": self.stop_rule,
         }
@@ -124,10 +126,11 @@ class RequestRecord:
             "engineTextMs",
             "responseMs",
             *("promptTokens", "reusedTokens", "prefilledTokens", "generatedTokens", "decodeTokensPerS"),
-            "stepsToText",
+            *("stepsToText", "draftedTokens", "acceptedTokens"),
             *("stopReason", "stopRule"),
         )
-        fields = " ".join(f"{k}={d[k]}" for k in keys if d[k] is not None)
+        quiet = {"draftedTokens", "acceptedTokens"}  # 0 on most requests (no drafts): left out then
+        fields = " ".join(f"{k}={d[k]}" for k in keys if d[k] is not None and not (k in quiet and d[k] == 0))
         return f"request id={self.request_id} uri={self.uri} v={self.version} {fields}"
 
 
