@@ -249,9 +249,8 @@ def generate(
     heal = begin.heal  # still to be spelled by the generated tokens, and not emitted
     # Prompt lookup (greedy only): drafts run with the decoded token; `verified` holds each draft with the
     # logits its step computed after it, valid while the sampled tokens keep matching the drafts.
-    lookup = (
-        Lookup(request.prompt_ids, params.max_tokens) if draft_tokens and params.temperature <= 0 else None
-    )
+    drafting = draft_tokens > 0 and params.temperature <= 0
+    lookup: Lookup | None = None  # made at the first draft: not on the way to the first token
     verified: list[tuple[int, torch.Tensor]] = []
     drafted = accepted = 0
     while stop is None:
@@ -306,7 +305,13 @@ def generate(
             else:
                 draft, verified = (), []  # from here on the rows are rewritten
                 room = min(draft_tokens, params.max_tokens - len(out) - 1, cache.max_context - pos - 1)
-                guess = lookup.propose(room) if lookup is not None and not heal else ()
+                guess: tuple[int, ...] = ()
+                if drafting and not heal:
+                    if lookup is None:
+                        lookup = Lookup(request.prompt_ids, params.max_tokens)
+                        for t in out:
+                            lookup.push(t)
+                    guess = lookup.propose(room)
                 if guess:
                     ids = torch.tensor((token, *guess), dtype=torch.long, device=device)  # (1 + k,)
                     rows = runner.verify(ids, pos, slot.index, stale)  # (1 + k, V)
