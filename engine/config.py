@@ -218,7 +218,7 @@ class EngineConfig:
     prefill_chunk: int = PREFILL_CHUNK
     fast_path: bool | None = None  # None: on when the device is CUDA and Triton is importable
     # Greedy decoding's draft tokens a step (engine/lookup.py), 0 to 7. None: FAST_PATH_DRAFTS on the fast
-    # path, where a step of four tokens costs about what one does; none on the reference path.
+    # path, where a step of eight tokens costs about what one does; none on the reference path.
     draft_tokens: int | None = None
 
     def __post_init__(self) -> None:

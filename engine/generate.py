@@ -252,6 +252,7 @@ def generate(
     drafting = draft_tokens > 0 and params.temperature <= 0
     lookup: Lookup | None = None  # made at the first draft: not on the way to the first token
     verified: list[tuple[int, torch.Tensor]] = []
+    picks: list[int] = []  # greedy's tokens from the rows of the last drafting step, read in one sync
     drafted = accepted = 0
     while stop is None:
         assert logits is not None
@@ -262,6 +263,8 @@ def generate(
             release()
         if heal:
             token = healing.sample(logits, tokenizer, heal, params, gen)
+        elif picks:
+            token = picks.pop(0)  # the argmax of `logits`, a row of the drafting step
         else:
             token = sample(
                 logits.to("cpu") if params.temperature > 0 else logits, params.temperature, params.top_p, gen
@@ -303,7 +306,7 @@ def generate(
                 logits = verified.pop(0)[1]  # the model agreed with the draft: its step's logits stand
                 accepted += 1
             else:
-                draft, verified = (), []  # from here on the rows are rewritten
+                draft, verified, picks = (), [], []  # from here on the rows are rewritten
                 room = min(draft_tokens, params.max_tokens - len(out) - 1, cache.max_context - pos - 1)
                 guess: tuple[int, ...] = ()
                 if drafting and not heal:
@@ -318,6 +321,7 @@ def generate(
                     logits = None if rows is None else rows[:1]
                     if rows is not None:
                         verified = [(t, rows[i + 1 : i + 2]) for i, t in enumerate(guess)]
+                        picks = rows.argmax(dim=-1).tolist()  # one wait for the step, not one a row
                         drafted += len(guess)
                 else:
                     logits = runner.decode(token, pos, slot.index, stale)

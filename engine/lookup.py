@@ -3,7 +3,7 @@
 Code repeats itself: a name, a call, a line like the one above or below the cursor. So the tokens that
 followed the latest earlier occurrence of the last few tokens (the prompt's, then the generated ones) are
 often the model's next ones. generate.py runs them together with the token it decodes, as one step, and
-keeps those the model agrees with: the output is greedy decoding's, and on the GPU a step of four tokens
+keeps those the model agrees with: the output is greedy decoding's, and on the GPU a step of eight tokens
 costs about what a step of one does (the weights are read once either way).
 """
 
@@ -14,7 +14,9 @@ from collections.abc import Sequence
 import numpy as np
 
 DRAFT_MAX = 7  # draft tokens a step at most: with its token, the fast path's 8-token graph
-FAST_PATH_DRAFTS = 3  # the fast path's default: with its token, the keystroke's 4-token graph
+# The fast path's default: a step of 8 tokens costs 1.04-1.06x a decode step at 4K cached (H200, 1.3B and
+# 6.7B shapes), and 7 drafts kept more tokens than 3 (docs/benchmarks.md "Draft tokens").
+FAST_PATH_DRAFTS = 7
 
 
 class Lookup:

@@ -117,6 +117,20 @@ def test_drafting_keeps_greedy_decodings_tokens_and_saves_steps(engines: tuple[E
     assert (got.stats.drafted_tokens, got.stats.accepted_tokens) == (drafted, accepted)
     assert got.text == "model_path, device_name, max_tokens" and accepted >= 4
     assert got.stats.stop_reason == want.stats.stop_reason
+    # The fast path's default, 7: the 8-token step.
+    cfg = {
+        "model": default_model_path(),
+        "device": "cpu",
+        "dtype": "float32",
+        "max_context": 512,
+        "num_slots": 1,
+    }
+    with Engine(EngineConfig(**cfg, draft_tokens=7)) as seven:
+        longer = seven.complete(req(prompt, max_tokens=40))
+    assert longer.token_ids == want.token_ids
+    assert (longer.stats.drafted_tokens, longer.stats.accepted_tokens) == expected_drafts(
+        prompt, want.token_ids, 7, 40
+    )
 
 
 def test_typing_through_a_drafted_suggestion_needs_no_prefill(engines: tuple[Engine, Engine]) -> None:
