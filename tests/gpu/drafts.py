@@ -80,8 +80,8 @@ def completions(n: int, dev: torch.device) -> None:
         with Engine(config) as eng:
             tok, done = eng.tokenizer, []
             for c in cases:
-                before, after = tok.encode(c.prefix[-6000:]), tok.encode(c.suffix[:2000])
-                ids = [tok.bos_id, tok.fim_begin_id, *before[-2500:], tok.fim_hole_id, *after, tok.fim_end_id]
+                before, after = tok.encode(c.prefix[-6000:])[-2500:], tok.encode(c.suffix[:2000])[:1000]
+                ids = [tok.bos_id, tok.fim_begin_id, *before, tok.fim_hole_id, *after, tok.fim_end_id]
                 params = SamplingParams(max_tokens=64, temperature=0)
                 done.append(eng.complete(CompletionRequest(prompt_ids=ids, params=params)))
         after_first = sum(len(r.token_ids) - 1 for r in done if len(r.token_ids) > 1)
