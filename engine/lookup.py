@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 DRAFT_MAX = 7  # draft tokens a step at most: with its token, the fast path's 8-token graph
-# The fast path's default: a step of 8 tokens costs 1.04-1.06x a decode step at 4K cached (H200, 1.3B and
+# The fast path's default: a step of 8 tokens costs 1.04-1.07x a decode step at 4K cached (H200, 1.3B and
 # 6.7B shapes), and 7 drafts kept more tokens than 3 (docs/benchmarks.md "Draft tokens").
 FAST_PATH_DRAFTS = 7
 
