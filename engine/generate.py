@@ -28,7 +28,7 @@ from lsp_dscoder.engine.api import (
     TokenEvent,
 )
 from lsp_dscoder.engine.kv_cache import KVCache, Match
-from lsp_dscoder.engine.lookup import DRAFT_MAX, Lookup
+from lsp_dscoder.engine.lookup import DRAFT_MAX, Drafts
 from lsp_dscoder.engine.stops import StopStringFilter
 from lsp_dscoder.engine.tokenizer import Tokenizer
 
@@ -247,13 +247,8 @@ def generate(
     replayed = 0  # tokens fed back without a forward: the draft held them
     text_at: float | None = None
     heal = begin.heal  # still to be spelled by the generated tokens, and not emitted
-    # Prompt lookup (greedy only): drafts run with the decoded token; `verified` holds each draft with the
-    # logits its step computed after it, valid while the sampled tokens keep matching the drafts.
-    drafting = draft_tokens > 0 and params.temperature <= 0
-    lookup: Lookup | None = None  # made at the first draft: not on the way to the first token
-    verified: list[tuple[int, torch.Tensor]] = []
-    picks: list[int] = []  # greedy's tokens from the rows of the last drafting step, read in one sync
-    drafted = accepted = 0
+    greedy_drafts = draft_tokens if params.temperature <= 0 else 0  # prompt lookup (engine/lookup.py)
+    drafts = Drafts(request.prompt_ids, out, greedy_drafts, params.max_tokens)
     while stop is None:
         assert logits is not None
         if len(out) >= params.max_tokens:
@@ -263,8 +258,8 @@ def generate(
             release()
         if heal:
             token = healing.sample(logits, tokenizer, heal, params, gen)
-        elif picks:
-            token = picks.pop(0)  # the argmax of `logits`, a row of the drafting step
+        elif (pick := drafts.pick()) is not None:
+            token = pick  # greedy's choice from `logits`, a row of the last drafting step
         else:
             token = sample(
                 logits.to("cpu") if params.temperature > 0 else logits, params.temperature, params.top_p, gen
@@ -276,8 +271,7 @@ def generate(
             stop = StopReason.EOS
             break
         out.append(token)
-        if lookup is not None:
-            lookup.push(token)
+        drafts.push(token)
         piece = visible = decoder.push(token)
         if heal:  # candidates decode whole: the piece spells (part of) what is left to heal
             n = min(len(heal), len(piece))
@@ -302,27 +296,16 @@ def generate(
             if held == token and pos in kept:
                 logits = slot.draft_logits(pos)  # this token ran here last time: its rows and logits stand
                 replayed += 1
-            elif verified and verified[0][0] == token:
-                logits = verified.pop(0)[1]  # the model agreed with the draft: its step's logits stand
-                accepted += 1
+            elif (row := drafts.kept(token)) is not None:
+                logits = row  # the model agreed with the draft: its step's logits stand
             else:
-                draft, verified, picks = (), [], []  # from here on the rows are rewritten
-                room = min(draft_tokens, params.max_tokens - len(out) - 1, cache.max_context - pos - 1)
-                guess: tuple[int, ...] = ()
-                if drafting and not heal:
-                    if lookup is None:
-                        lookup = Lookup(request.prompt_ids, params.max_tokens)
-                        for t in out:
-                            lookup.push(t)
-                    guess = lookup.propose(room)
-                if guess:
+                draft = ()  # from here on the rows are rewritten
+                room = min(params.max_tokens - len(out) - 1, cache.max_context - pos - 1)
+                guess = drafts.guess(0 if heal else room)
+                if guess:  # the token and its drafts in one step
                     ids = torch.tensor((token, *guess), dtype=torch.long, device=device)  # (1 + k,)
                     rows = runner.verify(ids, pos, slot.index, stale)  # (1 + k, V)
-                    logits = None if rows is None else rows[:1]
-                    if rows is not None:
-                        verified = [(t, rows[i + 1 : i + 2]) for i, t in enumerate(guess)]
-                        picks = rows.argmax(dim=-1).tolist()  # one wait for the step, not one a row
-                        drafted += len(guess)
+                    logits = None if rows is None else drafts.ran(guess, rows)
                 else:
                     logits = runner.decode(token, pos, slot.index, stale)
                 steps += 1
@@ -354,7 +337,7 @@ def generate(
         steps_to_text=steps_to_text,
         text_s=text_at - started if text_at is not None else None,
         replayed_tokens=replayed,
-        drafted_tokens=drafted,
-        accepted_tokens=accepted,
+        drafted_tokens=drafts.drafted,
+        accepted_tokens=drafts.accepted,
     )
     return Completion(text=stops.text[: stops.emitted], token_ids=tuple(out), stats=stats)

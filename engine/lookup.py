@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 DRAFT_MAX = 7  # draft tokens a step at most: with its token, the fast path's 8-token graph
 # The fast path's default: a step of 8 tokens costs 1.04-1.07x a decode step at 4K cached (H200, 1.3B and
@@ -53,3 +54,51 @@ class Lookup:
                 after = int(found[-1]) + n
                 return tuple(int(t) for t in ids[after : min(after + k, end)])
         return ()
+
+
+class Drafts:
+    """One request's drafting (greedy decoding only; `k` 0 turns it off): the lookup over the prompt and
+    the generated tokens `out` (made at the first draft, not on the way to the first token), and the rows
+    of the last drafting step, valid while the sampled tokens keep matching its drafts."""
+
+    def __init__(self, prompt: Sequence[int], out: list[int], k: int, max_tokens: int) -> None:
+        self.prompt, self.out, self.k, self.max_tokens = prompt, out, k, max_tokens
+        self.lookup: Lookup | None = None
+        self.rows: list[
+            tuple[int, torch.Tensor]
+        ] = []  # each draft, and the logits its step computed after it
+        self.picks: list[int] = []  # greedy's tokens from those rows, read in one wait for the step
+        self.drafted = self.accepted = 0
+
+    def pick(self) -> int | None:
+        """Greedy's next token, if the last drafting step computed the logits it is sampled from."""
+        return self.picks.pop(0) if self.picks else None
+
+    def push(self, token: int) -> None:
+        if self.lookup is not None:
+            self.lookup.push(token)
+
+    def kept(self, token: int) -> torch.Tensor | None:
+        """The logits after `token` when it is the next draft (the model agreed with it); else None."""
+        if self.rows and self.rows[0][0] == token:
+            self.accepted += 1
+            return self.rows.pop(0)[1]
+        return None
+
+    def guess(self, room: int) -> tuple[int, ...]:
+        """Drafts to run after the token being decoded (at most `room`); the last step's rows are dropped."""
+        self.rows, self.picks = [], []
+        if self.k == 0 or room < 1:
+            return ()
+        if self.lookup is None:
+            self.lookup = Lookup(self.prompt, self.max_tokens)
+            for token in self.out:
+                self.lookup.push(token)
+        return self.lookup.propose(min(self.k, room))
+
+    def ran(self, guess: tuple[int, ...], rows: torch.Tensor) -> torch.Tensor:
+        """Keep a drafting step's rows (1 + len(guess), V); the logits after the decoded token."""
+        self.rows = [(t, rows[i + 1 : i + 2]) for i, t in enumerate(guess)]
+        self.picks = rows.argmax(dim=-1).tolist()
+        self.drafted += len(guess)
+        return rows[:1]
