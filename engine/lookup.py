@@ -33,7 +33,7 @@ class Lookup:
         self.n = len(prompt)
 
     def push(self, token: int) -> None:
-        """A generated token (beyond `room`, the oldest tokens are not searched past: drafts stop)."""
+        """A generated token (past `room` of them, not kept: drafts come from what is)."""
         if self.n < len(self.ids):
             self.ids[self.n] = token
             self.n += 1
@@ -64,9 +64,8 @@ class Drafts:
     def __init__(self, prompt: Sequence[int], out: list[int], k: int, max_tokens: int) -> None:
         self.prompt, self.out, self.k, self.max_tokens = prompt, out, k, max_tokens
         self.lookup: Lookup | None = None
-        self.rows: list[
-            tuple[int, torch.Tensor]
-        ] = []  # each draft, and the logits its step computed after it
+        # each draft, and the logits its step computed after it
+        self.rows: list[tuple[int, torch.Tensor]] = []
         self.picks: list[int] = []  # greedy's tokens from those rows, read in one wait for the step
         self.drafted = self.accepted = 0
 
