@@ -51,7 +51,12 @@ def engine_config(args: argparse.Namespace, num_slots: int = 1) -> EngineConfig:
         model = default_model_path()
     device, dtype = resolve(args.device, args.dtype)
     return EngineConfig(
-        model=model, device=device, dtype=dtype, max_context=args.max_context, num_slots=num_slots
+        model=model,
+        device=device,
+        dtype=dtype,
+        max_context=args.max_context,
+        num_slots=num_slots,
+        draft_tokens=getattr(args, "draft_tokens", None),
     )
 
 
@@ -66,6 +71,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"tokens to generate at most (default: {DEFAULTS.max_tokens}, as the server's maxTokens)",
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0 for greedy (default)")
+    p.add_argument(
+        "--draft-tokens",
+        type=int,
+        choices=range(8),
+        metavar="0..7",
+        default=None,
+        help="greedy draft tokens a step, from the prompt (default: 7 on the GPU fast path, else 0)",
+    )
     p.add_argument("--json", action="store_true", help='print {"text", "token_ids", "stats"} instead')
     p.add_argument(
         "--raw",
@@ -150,8 +163,9 @@ def run(args: argparse.Namespace) -> int:
     rate = f"{s.decode_tokens_per_s:.1f} tok/s" if s.decode_tokens_per_s else "n/a"
     ttft = f"{1e3 * s.ttft_s:.1f} ms" if s.ttft_s is not None else "n/a"
     stop = f"rule {rule}" if rule not in (None, "none") else s.stop_reason.value
+    drafts = f"; drafts kept {s.accepted_tokens} of {s.drafted_tokens}" if s.drafted_tokens else ""
     print(
-        f"\n-- {s.generated_tokens} tokens, stop: {stop}; TTFT {ttft}; decode {rate}; "
+        f"\n-- {s.generated_tokens} tokens, stop: {stop}; TTFT {ttft}; decode {rate}{drafts}; "
         f"prompt {s.prompt_tokens} tokens ({s.prefilled_tokens} prefilled)",
         file=sys.stderr,
     )

@@ -79,6 +79,27 @@ def test_complete_streams_text_and_prints_timings(tiny_model: Path, tmp_path: Pa
     assert "Traceback" not in out.stderr
 
 
+def test_complete_drafts_when_told_and_prints_what_it_kept(tmp_path: Path) -> None:
+    """The bundled model on the CPU drafts only with --draft-tokens; the completion is the same."""
+    src = tmp_path / "r.py"
+    src.write_text(
+        "def run(model_path, device_name, max_tokens):\n"
+        "    result = load_and_run(model_path, device_name, max_tokens)\n"
+        "    return result\n\n\n"
+        "def run_twice(model_path, device_name, max_tokens):\n"
+        "    first = load_and_run(\n",
+        encoding="utf-8",
+    )
+    plain = cli("complete", str(src), "--line", "6", "--col", "25")
+    drafted = cli("complete", str(src), "--line", "6", "--col", "25", "--draft-tokens", "3")
+    assert plain.returncode == drafted.returncode == 0, plain.stderr + drafted.stderr
+    assert plain.stdout == drafted.stdout == "model_path, device_name, max_tokens"
+    assert "drafts kept" not in plain.stderr
+    assert "; drafts kept 6 of 9; " in drafted.stderr
+    bad = cli("complete", str(src), "--line", "6", "--col", "25", "--draft-tokens", "8")
+    assert bad.returncode == 2 and "--draft-tokens: invalid choice: 8" in bad.stderr
+
+
 def test_complete_errors_are_one_clear_line(tiny_model: Path, tmp_path: Path) -> None:
     src = tmp_path / "a.py"
     src.write_text(SOURCE, encoding="utf-8")
