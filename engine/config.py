@@ -11,6 +11,7 @@ import torch
 
 from lsp_dscoder.engine.awq import QUANT_CONFIG_FILE, AwqConfig
 from lsp_dscoder.engine.errors import CheckpointError, UnsupportedModelError
+from lsp_dscoder.engine.lookup import DRAFT_MAX
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -228,8 +229,8 @@ class EngineConfig:
             raise ValueError(f"max_context must be >= 16, got {self.max_context}")
         if self.num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {self.num_slots}")
-        if self.draft_tokens is not None and not 0 <= self.draft_tokens <= 7:
-            raise ValueError(f"draft_tokens must be in [0, 7], got {self.draft_tokens}")
+        if self.draft_tokens is not None and not 0 <= self.draft_tokens <= DRAFT_MAX:
+            raise ValueError(f"draft_tokens must be in [0, {DRAFT_MAX}], got {self.draft_tokens}")
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):

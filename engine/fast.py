@@ -282,7 +282,7 @@ class FastRunner:
     def verify(
         self, ids: torch.Tensor, start: int, slot: int, interrupted: Interrupted | None = None
     ) -> torch.Tensor | None:
-        return self._step(ids, start, slot, interrupted, every_row=True)
+        return self._step(ids, start, slot, interrupted, all_rows=True)
 
     def _step(
         self,
@@ -290,21 +290,21 @@ class FastRunner:
         start: int,
         slot: int,
         interrupted: Interrupted | None,
-        every_row: bool = False,
+        all_rows: bool = False,
     ) -> torch.Tensor | None:
         """One graph replay, which `interrupted` may stop between its parts (engine/step_graphs.py), or an
         eager forward that it may stop between layers; None when stopped, the rows it wrote not valid.
-        Logits (1, V) of the last token, or (T, V) of every token when `every_row`."""
+        Logits (1, V) of the last token, or (T, V) of every token when `all_rows`."""
         if interrupted is not None and interrupted():
             return None
         t = ids.shape[0]
         room = self.cache.capacity - start  # a bucket's padded rows must stay inside the slot
         bucket = next((b for b in self.buckets if t <= b <= room), None)
         step = self.graphs.get((slot, bucket)) if bucket is not None else None
-        if step is None or (every_row and step.rows is None):
+        if step is None or (all_rows and step.rows is None):
             self.counts["eager_forwards"] += 1
             pos = torch.full((1,), start, dtype=torch.int32, device=ids.device)
-            last = None if every_row else torch.full((1,), t - 1, dtype=torch.long, device=ids.device)
+            last = None if all_rows else torch.full((1,), t - 1, dtype=torch.long, device=ids.device)
             return self.forward(ids, pos, last, slot, interrupted)
         if ids.data_ptr() != self.ids.data_ptr():
             self.ids[:t].copy_(ids, non_blocking=True)
@@ -314,7 +314,7 @@ class FastRunner:
         if not step.replay(self.part_done, self.stream, interrupted, self.ahead):
             self._stopped()
             return None
-        if every_row:
+        if all_rows:
             assert step.rows is not None
             return step.rows[:t].clone()
         return step.logits.clone()  # the graph's output buffer is rewritten by the next replay
@@ -402,13 +402,10 @@ class FastRunner:
             with torch.cuda.graph(graph, pool=self.pool):
                 state = self.run_layers(state or self.embed(self.ids[:bucket]), layers, self.start, slot)
                 assert state is not None  # nothing interrupts a capture
-                if i == len(bounds) - 1 and bucket <= DRAFT_MAX + 1:
-                    # Every row's logits, for a step that verifies drafts (engine/lookup.py); the last
-                    # token's are a row of them.
-                    rows = self.head(state, None)  # (bucket, V)
-                    logits = rows.index_select(0, self.last)
-                elif i == len(bounds) - 1:
-                    logits = self.head(state, self.last)
+                if i == len(bounds) - 1:
+                    # Steps that may carry drafts (engine/lookup.py) keep every row's logits (bucket, V).
+                    rows = self.head(state, None) if bucket <= DRAFT_MAX + 1 else None
+                    logits = self.head(state, self.last) if rows is None else rows.index_select(0, self.last)
             parts.append(graph)
             held.extend(t for t in state if isinstance(t, torch.Tensor))
         assert logits is not None

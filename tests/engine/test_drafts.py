@@ -89,19 +89,15 @@ def expected_drafts(
     return drafted, accepted
 
 
+def bundled(draft_tokens: int) -> Engine:
+    """The bundled model on the CPU in float32, one slot, drafting as told."""
+    where = {"model": default_model_path(), "device": "cpu", "dtype": "float32", "max_context": 512}
+    return Engine(EngineConfig(**where, num_slots=1, draft_tokens=draft_tokens))
+
+
 @pytest.fixture(scope="module")
 def engines():
-    cfg = {
-        "model": default_model_path(),
-        "device": "cpu",
-        "dtype": "float32",
-        "max_context": 512,
-        "num_slots": 1,
-    }
-    with (
-        Engine(EngineConfig(**cfg, draft_tokens=0)) as plain,
-        Engine(EngineConfig(**cfg, draft_tokens=3)) as drafting,
-    ):
+    with bundled(0) as plain, bundled(3) as drafting:
         yield plain, drafting
 
 
@@ -118,14 +114,7 @@ def test_drafting_keeps_greedy_decodings_tokens_and_saves_steps(engines: tuple[E
     assert got.text == "model_path, device_name, max_tokens" and accepted >= 4
     assert got.stats.stop_reason == want.stats.stop_reason
     # The fast path's default, 7: the 8-token step.
-    cfg = {
-        "model": default_model_path(),
-        "device": "cpu",
-        "dtype": "float32",
-        "max_context": 512,
-        "num_slots": 1,
-    }
-    with Engine(EngineConfig(**cfg, draft_tokens=7)) as seven:
+    with bundled(7) as seven:
         longer = seven.complete(req(prompt, max_tokens=40))
     assert longer.token_ids == want.token_ids
     assert (longer.stats.drafted_tokens, longer.stats.accepted_tokens) == expected_drafts(
