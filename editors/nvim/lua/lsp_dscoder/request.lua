@@ -74,7 +74,9 @@ function M.cancel(bufnr)
   in_flight[bufnr] = nil
   status.set_generating(bufnr, false)
   local client = vim.lsp.get_client_by_id(req.client_id)
-  if client and req.id and not req.responded then
+  -- Neovim's own table says whether the request is still pending: a response it has read but whose
+  -- callback has not run yet must not be cancelled (the client logs an error for an unknown id).
+  if client and req.id and not req.responded and (client.requests or {})[req.id] then
     if has_011 then
       client:cancel_request(req.id)
     else
