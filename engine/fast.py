@@ -143,7 +143,7 @@ class FastRunner:
         packed weights, up to MAX_M rows as split-K sums for the next kernel (kernels/split_sums.py)."""
         if packed is not None:  # INT4 AWQ: the dense `w` is a meta tensor
             assert self.packed is not None  # made with the packed layers
-            return self.packed.product(x, packed, self.pdl)
+            return self.packed.product(x, packed, self.pdl, self.stream_packed)
         if self.skinny and x.shape[0] <= MAX_M:
             return skinny_gemm(x, w, workspace=self.workspace, pdl=self.pdl)
         return x @ w.T
@@ -371,14 +371,18 @@ class FastRunner:
         return graph.median_ms(self.part_done, self.stream, reps)
 
     def _use(self, choice: str) -> None:
-        """Set the flags the launches read for a choice: "cublas", or "skinny" with "+res" (the fused layer)
+        """Set the flags the launches read for a choice: "cublas", "packed" (packed weights streamed by the
+        tensor-core kernel past MAX_M rows, engine/awq_fast.py), or "skinny" with "+res" (the fused layer)
         and "+pdl" (programmatic launches)."""
         parts = choice.split("+")
         self.skinny = parts[0] == "skinny"
+        self.stream_packed = parts[0] == "packed"
         self.residual_now = "res" in parts or (self.skinny and self.fused_residual is True)
         self.pdl = "pdl" in parts or self.pdl_option is True
 
     def _choices(self, bucket: int) -> tuple[str, ...]:
+        if self.packed is not None and self.packed.streams(bucket):
+            return ("cublas", "packed")  # dequantized for cuBLAS, or the packed weights streamed
         if bucket > MAX_M or self.gemm == "cublas":
             return ("cublas",)
         # Where an option is None, both ways are timed. PDL only with the skinny GEMM: a cuBLAS kernel

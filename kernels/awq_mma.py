@@ -303,9 +303,9 @@ def awq_mma(
     workspace: AwqWorkspace | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
-    """x (M, K) bf16, M <= 16, times the AWQ matrix in the fragment layout (fragments: fragment_pack's
-    words viewed as (K, N / 8)): (M, N) bf16. Rows 9..16 run in the same launch (two MMAs a block, each
-    weight read once) unless `tiles.one_pass` is off (then a second launch: one MMA holds 8 rows)."""
+    """x (M, K) bf16 times the AWQ matrix in the fragment layout (fragments: fragment_pack's words viewed
+    as (K, N / 8)): (M, N) bf16. One launch per 16 rows, each streaming the weights: rows 9..16 of a launch
+    share its weight loads (two MMAs a block) unless `tiles.one_pass` is off (then one launch per 8 rows)."""
     m, n = x.shape[0], scales.shape[1]
     out = check_out(out, (m, n), x.dtype, x.device)
     _launch_rows(x, fragments, qzeros, scales, out, tiles, workspace, pdl, sums=False)
@@ -345,8 +345,8 @@ def _launch_rows(
     """Check the arguments, then one launch per `step` rows into `out` (the totals themselves when sums)."""
     group = check_awq(x, fragments, qzeros, scales)
     m, k = x.shape
-    if not 1 <= m <= 2 * MMA_MAX_M:
-        raise ValueError(f"x must have 1..{2 * MMA_MAX_M} rows, got {m}")
+    if m < 1:
+        raise ValueError(f"x must have at least one row, got {m}")
     check_pdl(pdl, x.device)
     tiles = tiles or mma_tiles(scales.shape[1], k, group, x.device)
     step = 2 * MMA_MAX_M if tiles.one_pass else MMA_MAX_M

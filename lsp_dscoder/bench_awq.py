@@ -3,9 +3,11 @@ one run (GPU), at the DeepSeek-Coder shapes.
 
 The bf16 weights are random (seeded per tensor name); the AWQ model is those weights quantized on the GPU
 (round to nearest, group 128, kernels/awq_format.py), so both runs compute the same function and their
-logits can be compared. Each step of at most 16 tokens is set against its weight-read floor: for AWQ the
-packed weights, zeros and scales, plus the bf16 LM head (embedding rows are a few KB), plus the KV cache
-read, at the measured copy bandwidth.
+logits can be compared. Each AWQ step is set against the larger of its FLOPs at the measured GEMM rate and
+its weight-read floor: the packed weights, zeros and scales, plus the bf16 LM head (embedding rows are a
+few KB), plus the KV cache read, at the measured copy bandwidth. A 32-token paste is the step between a
+keystroke and a line, where the engine's warm-up chooses between streaming the packed weights and
+dequantizing them (engine/awq_fast.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from lsp_dscoder.bench_engine import (
     choice_line,
+    flop_ms,
     gemm_choice,
     long_steps,
     measure,
@@ -35,14 +38,11 @@ from lsp_dscoder.kernels.awq_format import pack_int4, quantize_groups
 
 SCENARIOS = {  # name: (new tokens, cached prefix)
     "keystroke +4 @4K": (4, 4096),
+    "paste +32 @4K": (32, 4096),
     "line +256 @4K": (256, 4096),
     "decode @4K": (1, 4096),
     "cold 4K": (4096, 0),
 }
-SKINNY = 16  # steps of at most this many tokens are weight reads: compared with their floor
-# CUDA-graph buckets the scenarios replay (decode, keystroke, line): capturing only these keeps the
-# warm-up of a 6.7B model to seconds; the 4K prompt runs eagerly, as in the engine.
-BUCKETS = (1, 4, 256)
 
 
 def int4_bytes(cfg: ModelConfig, group: int) -> float:
@@ -130,10 +130,10 @@ def bench_shape(shape: str, reps: int, group: int) -> dict[str, Any]:
     parity = {"rel_l2": float((a - b).norm() / b.norm()), "argmax_equal": bool(a.argmax() == b.argmax())}
     copy = bf16["floors"]["copy_tbps"]
     w4 = int4_bytes(cfg, group)
-    for name, (new, pre) in SCENARIOS.items():
-        if new <= SKINNY:
-            awq["rows"][name]["floor_ms"] = floor_ms(cfg, new, pre, w4, copy)
-            awq["rows"][name]["bound"] = "INT4 bytes"
+    for name, (new, pre) in SCENARIOS.items():  # the packed weights' read, or the FLOPs
+        t_mem, t_flop = floor_ms(cfg, new, pre, w4, copy), flop_ms(cfg, new, pre, bf16["floors"])
+        awq["rows"][name]["floor_ms"] = max(t_mem, t_flop)
+        awq["rows"][name]["bound"] = "INT4 bytes" if t_mem >= t_flop else "FLOP"
     return {"shape": shape, "group": group, "awq": awq, "bf16": bf16, "parity_vs_bf16": parity}
 
 

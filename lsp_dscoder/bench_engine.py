@@ -76,14 +76,18 @@ def measure_floors() -> dict[str, float]:
     return {"gemm_tflops": gemm_flops / 1e12, "copy_tbps": copy_bps / 1e12}
 
 
+def flop_ms(cfg: ModelConfig, new: int, prefix: int, floors: dict[str, float]) -> float:
+    """A step's multiply-adds (layers, attention, the LM head on one row) at the measured GEMM rate."""
+    attn = 4 * cfg.num_layers * cfg.q_size * new * (prefix + (new + 1) / 2)
+    flops = 2 * new * cfg.linear_macs + attn + 2 * cfg.hidden_size * cfg.vocab_size
+    return flops / (floors["gemm_tflops"] * 1e9)
+
+
 def floor_ms(cfg: ModelConfig, new: int, prefix: int, floors: dict[str, float]) -> tuple[float, str]:
     c, v, layers = cfg.hidden_size, cfg.vocab_size, cfg.num_layers
-    linear = cfg.linear_macs
-    attn = 4 * layers * cfg.q_size * new * (prefix + (new + 1) / 2)
-    flops = 2 * new * linear + attn + 2 * c * v
     kv_bytes = layers * 2 * cfg.kv_size * 2 * (prefix + new)
-    weight_bytes = 2 * (linear + c * v)
-    t_flop = flops / (floors["gemm_tflops"] * 1e9)
+    weight_bytes = 2 * (cfg.linear_macs + c * v)
+    t_flop = flop_ms(cfg, new, prefix, floors)
     t_mem = (weight_bytes + kv_bytes) / (floors["copy_tbps"] * 1e9)
     return max(t_flop, t_mem), "FLOP" if t_flop > t_mem else "bytes"
 

@@ -128,8 +128,8 @@ def test_kernel_contract_checked_on_the_host() -> None:
     qweight, qzeros, scales = random_layer(48, 128, 64)
     words = fragment_pack(qweight, 64)
     x = torch.randn(2, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="1..16 rows"):
-        awq_mma(torch.randn(17, 128, dtype=torch.bfloat16), words, qzeros, scales)
+    with pytest.raises(ValueError, match="at least one row, got 0"):
+        awq_mma(torch.randn(0, 128, dtype=torch.bfloat16), words, qzeros, scales)
     with pytest.raises(ValueError, match="bf16 x"):
         awq_mma(x.float(), words, qzeros, scales, tiles=MmaTiles())
     with pytest.raises(ValueError, match="num_warps 2 must divide the 3 column tiles"):
