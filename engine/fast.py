@@ -24,21 +24,20 @@ Anything else larger runs eagerly: Triton takes the length as an argument, so no
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from lsp_dscoder.engine import warmup
 from lsp_dscoder.engine.awq import AwqLinear
 from lsp_dscoder.engine.awq_fast import PackedLinears
 from lsp_dscoder.engine.kv_cache import KVCache
-from lsp_dscoder.engine.lookup import DRAFT_MAX
 from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.step_graphs import (
     AHEAD,
     StepGraph,
-    eager_steps,
     long_prefill_buckets,
     next_chunk,
-    part_bounds,
     part_count,
 )
 from lsp_dscoder.kernels.decode_attention import decode_attention
@@ -72,6 +71,10 @@ class FastRunner:
     SwiGLU and RoPE in the GEMMs' epilogues): always, never, or None: one more graph per bucket, kept if
     faster. `parts`: each step's graph in that many parts, which a stale step stops between
     (engine/step_graphs.py); None: by the weights' bytes."""
+
+    # Set by the warm-up (engine/warmup.py): the engine thread's stream, every step's, and the graphs' pool.
+    stream: torch.cuda.Stream
+    pool: Any
 
     def __init__(
         self,
@@ -324,51 +327,9 @@ class FastRunner:
         if self.packed is not None:
             self.packed.workspace.accum.zero_()
 
-    # -- warm-up: compile every kernel variant, capture the graphs -----------------------------------
+    # -- warm-up (engine/warmup.py): compile every kernel variant, capture and time the graphs --------
     def capture(self, progress: Progress | None = None) -> None:
-        self.part_done = [torch.cuda.Event() for _ in range(self.parts)]  # type: ignore[no-untyped-call]
-        self.stream = torch.cuda.current_stream()  # the engine thread's: every step runs on it
-        todo = [(s, b) for s in range(len(self.cache.slots)) for b in self.buckets]
-        self.start.zero_()
-        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for b in self.buckets:  # eager runs compile the Triton kernels (and set up cuBLAS) per shape
-                self.last.fill_(b - 1)
-                for choice in self._choices(b):
-                    self._use(choice)
-                    self.forward(self.ids[:b], self.start, self.last, 0)
-        torch.cuda.current_stream().wait_stream(side)
-        # The pool's size is what the captures add to the reserved memory, cached free blocks released on
-        # both sides so that only the graphs' own segments count.
-        torch.cuda.empty_cache()
-        reserved = torch.cuda.memory_reserved()
-        self.pool = torch.cuda.graph_pool_handle()  # one memory pool for every graph of this runner
-        # Graphs that lost a timing stay alive until every capture into the shared pool is done: freeing
-        # the only graphs of a pool releases it, and a later capture into it fails.
-        losers: list[StepGraph] = []
-        for i, (slot, b) in enumerate(todo):
-            if b in self.chosen:
-                self._use(self.chosen[b])
-                self.graphs[(slot, b)] = self._capture_one(b, slot)
-            else:
-                self.chosen[b], self.graphs[(slot, b)] = self._time_choices(b, slot, losers)
-            if progress:
-                progress("capturing CUDA graphs", i + 1, len(todo))
-        self._use(self.eager_choice)
-        torch.cuda.synchronize()
-        losers.clear()
-        torch.cuda.empty_cache()
-        self.graph_pool_bytes = torch.cuda.memory_reserved() - reserved
-        padded = {b: g for (s, b), g in self.graphs.items() if s == 0 and b not in self.long_buckets}
-        w, longest = self.model.w.embed, max(self.buckets, default=0)
-        self.eager_buckets = eager_steps(self.cfg, self.cache.max_context, w, longest, padded, self._ms)
-        self.prefill_steps = (*self.long_buckets, *self.eager_buckets)
-
-    def _ms(self, bucket: int, graph: StepGraph, reps: int = 8) -> float:
-        """Median replay time of a bucket's graph (at warm-up: its rows are never read)."""
-        self.last.fill_(bucket - 1)  # the replays run: `last` must index this bucket's rows
-        return graph.median_ms(self.part_done, self.stream, reps)
+        warmup.capture(self, progress)
 
     def _use(self, choice: str) -> None:
         """Set the flags the launches read for a choice: "cublas", "packed" (packed weights streamed by the
@@ -393,38 +354,3 @@ class FastRunner:
         pdl = ("", "+pdl") if self.pdl_candidate else ("",)
         skinny = tuple(f"skinny{r}{p}" for r in res for p in pdl)
         return ("cublas", *skinny) if self.gemm == "auto" and not packed else skinny
-
-    def _capture_one(self, bucket: int, slot: int) -> StepGraph:
-        parts: list[torch.cuda.CUDAGraph] = []
-        held: list[torch.Tensor] = []
-        state: State | None = None
-        logits: torch.Tensor | None = None
-        rows: torch.Tensor | None = None
-        bounds = part_bounds(len(self.model.w.layers), self.parts)
-        for i, layers in enumerate(bounds):
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                state = self.run_layers(state or self.embed(self.ids[:bucket]), layers, self.start, slot)
-                assert state is not None  # nothing interrupts a capture
-                if i == len(bounds) - 1:
-                    # Steps that may carry drafts (engine/lookup.py) keep every row's logits (bucket, V).
-                    rows = self.head(state, None) if bucket <= DRAFT_MAX + 1 else None
-                    logits = self.head(state, self.last) if rows is None else rows.index_select(0, self.last)
-            parts.append(graph)
-            held.extend(t for t in state if isinstance(t, torch.Tensor))
-        assert logits is not None
-        return StepGraph(tuple(parts), logits, tuple(held), rows)
-
-    def _time_choices(self, bucket: int, slot: int, losers: list[StepGraph]) -> tuple[str, StepGraph]:
-        """The GEMM choice whose graph replays fastest for this bucket (median of 9 timed replays), and
-        that graph; the others go to `losers`."""
-        timed: dict[str, tuple[float, StepGraph]] = {}
-        choices = self._choices(bucket)
-        reps = 12 if len(choices) > 1 else 0  # a single choice is not timed
-        for choice in choices:
-            self._use(choice)
-            captured = self._capture_one(bucket, slot)
-            timed[choice] = (self._ms(bucket, captured, reps), captured)
-        best = min(timed, key=lambda c: timed[c][0])
-        losers.extend(g for c, (_, g) in timed.items() if c != best)
-        return best, timed[best][1]

@@ -218,7 +218,15 @@ def test_fast_path_on_packed_weights_matches_reference(quantized: dict[str, Path
     fast.pdl_candidate = True  # as on an sm_90 GPU
     # Packed layers run their own kernels whatever the GEMM choice, and no fused layer: only PDL is timed.
     assert fast._choices(4) == ("skinny", "skinny+pdl") and fast._choices(32) == ("cublas",)
-    fast.pdl_candidate = False
+    assert fast.packed is not None and not fast.packed.fragments  # no bf16 MMAs here
+    fast.packed.fragments = True  # as on a GPU with them: 17-64 rows may stream the packed weights
+    assert [fast._choices(b) for b in (16, 17, 32, 64, 65, 256)] == [
+        ("skinny", "skinny+pdl"),
+        *[("cublas", "packed")] * 3,
+        ("cublas",),
+        ("cublas",),
+    ]
+    fast.packed.fragments, fast.pdl_candidate = False, False
     ref = Transformer(cfg, load_weights(folder, cfg, CPU, torch.float32), cache.capacity)
     ids = torch.randint(0, cfg.vocab_size, (17,), generator=torch.Generator().manual_seed(4))
     # Same fp32 arithmetic in another order (see tests/engine/test_fast_path.py): ~1e-6 on logits ~3.

@@ -19,6 +19,7 @@ import torch
 from lsp_dscoder.bench_awq import awq_weights
 from lsp_dscoder.bench_engine import start_engine
 from lsp_dscoder.engine.config import ModelConfig
+from lsp_dscoder.engine.warmup import capture_one, replay_ms
 from lsp_dscoder.kernels.awq_check import ROTATE_BYTES, graph_us, layer_shapes, random_awq
 from lsp_dscoder.kernels.awq_dequant import fragment_dequant
 from lsp_dscoder.kernels.awq_fragments import fragment_pack
@@ -85,10 +86,10 @@ def engine(shape: str, buckets: list[int]) -> None:
         out = {}
         for choice in ("cublas", "packed"):
             runner._use(choice)
-            graph = runner._capture_one(b, 0)
+            graph = capture_one(runner, b, 0)
             runner.ids[:b].copy_(ids[prefix : prefix + b])
             runner.start.fill_(prefix)
-            ms = runner._ms(b, graph, reps=30)
+            ms = replay_ms(runner, b, graph, reps=30)
             runner.last.fill_(b - 1)
             runner.start.fill_(prefix)
             graph.replay(runner.part_done, runner.stream, None, runner.ahead)
