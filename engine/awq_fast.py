@@ -6,7 +6,9 @@ of the tensor-core kernel (kernels/awq_mma.py), whose split-K sums the next kern
 A step of a few dozen rows sits between the two: dequantizing writes and reads back every matrix in bf16
 (2.5 bytes a weight moved, whatever the rows), while the tensor-core kernel streams the packed weights
 once per 16 rows (0.5 bytes a weight each time). Up to STREAM_ROWS rows both ways are offered to the
-runner's warm-up, which keeps the faster per graph bucket (`stream`)."""
+runner's warm-up, which keeps the faster per graph bucket (`stream`). A bucket runs all its rows, so a
+64-row step streams four times: slower than dequantizing at every DeepSeek-Coder shape on the H200
+(docs/awq.md), and not offered."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from lsp_dscoder.kernels.awq_mma import awq_mma, awq_mma_sums, mma_supported
 from lsp_dscoder.kernels.skinny_gemm import MAX_M
 from lsp_dscoder.kernels.split_sums import SplitSums
 
-STREAM_ROWS = 64  # the longest step offered to the tensor-core kernel in launches of 16 rows
+STREAM_ROWS = 32  # the longest step offered to the tensor-core kernel in launches of 16 rows
 
 
 class PackedLinears:

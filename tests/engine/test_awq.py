@@ -219,10 +219,12 @@ def test_fast_path_on_packed_weights_matches_reference(quantized: dict[str, Path
     # Packed layers run their own kernels whatever the GEMM choice, and no fused layer: only PDL is timed.
     assert fast._choices(4) == ("skinny", "skinny+pdl") and fast._choices(32) == ("cublas",)
     assert fast.packed is not None and not fast.packed.fragments  # no bf16 MMAs here
-    fast.packed.fragments = True  # as on a GPU with them: 17-64 rows may stream the packed weights
-    assert [fast._choices(b) for b in (16, 17, 32, 64, 65, 256)] == [
+    fast.packed.fragments = True  # as on a GPU with them: 17-32 rows may stream the packed weights
+    assert [fast._choices(b) for b in (16, 17, 32, 33, 64, 256)] == [
         ("skinny", "skinny+pdl"),
-        *[("cublas", "packed")] * 3,
+        ("cublas", "packed"),
+        ("cublas", "packed"),
+        ("cublas",),
         ("cublas",),
         ("cublas",),
     ]

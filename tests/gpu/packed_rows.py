@@ -1,5 +1,6 @@
 """Steps of 17-64 rows on INT4 AWQ weights (GPU): the tensor-core kernel streaming the packed weights once
-per 16 rows against dequantizing every matrix into bf16 for cuBLAS (engine/awq_fast.py).
+per 16 rows against dequantizing every matrix into bf16 for cuBLAS (engine/awq_fast.py offers it up to
+32 rows).
 
     python -m tests.gpu.packed_rows [--models 1.3B,6.7B,33B] [--rows 16,24,32,48,64] [--engine 6.7b]
 
@@ -18,6 +19,7 @@ import torch
 
 from lsp_dscoder.bench_awq import awq_weights
 from lsp_dscoder.bench_engine import start_engine
+from lsp_dscoder.engine.awq_fast import STREAM_ROWS
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.warmup import capture_one, replay_ms
 from lsp_dscoder.kernels.awq_check import ROTATE_BYTES, graph_us, layer_shapes, random_awq
@@ -111,7 +113,7 @@ def main() -> None:
     if args.models:
         matrices(args.models.split(","), rows)
     for shape in filter(None, args.engine.split(",")):
-        engine(shape, [b for b in (32, 64) if b > 16])
+        engine(shape, [b for b in (32, 64) if b <= STREAM_ROWS])
         torch.cuda.empty_cache()
 
 
