@@ -17,7 +17,7 @@ from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.errors import EngineError
 from lsp_dscoder.engine.generate import Interrupted, Runner
 from lsp_dscoder.engine.kv_cache import KVCache
-from lsp_dscoder.engine.model import Transformer
+from lsp_dscoder.engine.model import KEY_BLOCK, Transformer, bounds_attention
 from lsp_dscoder.engine.weights import Weights, dequantized_weights
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,9 @@ def assemble(
     fast = wants_fast_path(fast_path, device, cfg)
     if fast:  # imported here: Triton is an optional dependency, needed only on CUDA
         from lsp_dscoder.engine.fast import BUCKETS, FastRunner
-    cache = KVCache(cfg, num_slots, max_context, device, dtype, pad=max(BUCKETS) if fast else 0)
+    # Spare rows: the fast path's padded buckets; the reference path's padded keys (engine/model.py).
+    pad = max(BUCKETS) if fast else KEY_BLOCK if bounds_attention(device, dtype) else 0
+    cache = KVCache(cfg, num_slots, max_context, device, dtype, pad=pad)
     model = Transformer(cfg, weights, cache.capacity)
     if fast:
         started = time.perf_counter()
