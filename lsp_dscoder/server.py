@@ -141,6 +141,10 @@ def _apply_settings(ls: DscoderServer, raw: Any, *, reload: bool) -> None:
         log.warning("%s", problem)
         ls.show(problem)
     engine_changed = new.engine_key() != ls.settings.engine_key()
+    before, after = settings_mod.to_json(ls.settings), settings_mod.to_json(new)
+    changed = [f"{key}={after[key]!r}" for key in after if after[key] != before.get(key)]
+    if changed:  # what the client changed, once per change (editors and their tests wait for it)
+        log.info("settings changed: %s", ", ".join(changed))
     ls.settings = new
     ls.completer.configure(new)
     ls.host.keep_warm(new.keep_warm_ms)

@@ -170,9 +170,25 @@ async function openFile(page, name) {
   await page.locator('.monaco-editor.focused').waitFor({ timeout: 15_000 });
 }
 
+/** Writes the settings and waits until the server has applied the change (its log says so). */
+async function changeServerSettings(profile, settings, logged) {
+  const before = serverLog(profile).filter((l) => l.includes(logged)).length;
+  profile.writeSettings(settings);
+  await waitFor(
+    `the server to log "${logged}"`,
+    () => serverLog(profile).filter((l) => l.includes(logged)).length > before,
+  );
+}
+
 async function streamedSuggestionIsShownAcceptedAndSaved(page, profile) {
   const file = path.join(profile.workspace, FILE);
   await waitStatus(page, profile, 'model ready (idle)', (t) => /^dscoder( [\d.]+ ms)?$/.test(t), 120_000);
+  // The paste's suggestion must stream after its request. With `startOnEdit` the header's last keystroke
+  // starts a suggestion ("self.x = x ...") at once, and when it has got past "self." before the paste
+  // arrives, the paste types through it and the rest is shown whole, from memory: right, but nothing to see
+  // grow. So the server starts suggestions only when asked, for this part.
+  const asked = { ...baseSettings(profile), 'lspDscoder.serverSettings': { startOnEdit: false } };
+  await changeServerSettings(profile, asked, 'settings changed: startOnEdit=False');
   await openFile(page, FILE);
   // Started before typing: the paste follows the last keystroke at once, with no round trip to the page
   // between them in which the header's own suggestion could stream and re-query.
@@ -236,6 +252,7 @@ async function streamedSuggestionIsShownAcceptedAndSaved(page, profile) {
   });
   const { suggestWidget } = await ghostLog(page);
   check(!suggestWidget, 'the suggest widget showed completion items next to the inline suggestion');
+  await changeServerSettings(profile, baseSettings(profile), 'settings changed: startOnEdit=True');
   // Typing on at human speed: VS Code asks 50 ms after each keystroke, and the server, which has started
   // the suggestion from the keystroke's didChange, has it running when the request comes.
   const before = startedFromTheEdit(profile);
