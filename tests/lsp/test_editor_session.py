@@ -116,7 +116,10 @@ async def test_typing_through_is_served_from_memory_without_prefill(editor):
     assert (record["source"], record["prefilledTokens"]) == ("memory", None)
     assert (await editor.stats())["engine"]["requests"] == engine_requests  # no engine request at all
 
-    # Accepting the rest and asking again: the slot holds the generated tokens, nothing to prefill.
+    # Accepting the rest and asking again: the slot holds the generated tokens, nothing to prefill. Once the
+    # generation has ended (its request is logged then): while it runs, a request typed through all of it
+    # is answered from memory, with what comes next.
+    await editor.record(first)
     type_at(editor, doc, offset, suggestion[3:])
     line, character = position_at(doc.text, offset + len(suggestion) - 3, Encoding.UTF16)
     again = await editor.record(editor.inline(doc, line, character))
