@@ -102,14 +102,13 @@ class Transformer:
         cos = self.cos[start:end].to(self.dtype)  # (T, D)
         sin = self.sin[start:end].to(self.dtype)
         # query i (absolute position start+i) sees key positions <= start+i; one query sees them all
-        mask = None
-        if t > 1:
-            mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(diagonal=start)  # (T, S)
-        keys_end, pad_rows = end, 0
+        mask, keys_end, pad_rows = None, end, 0
         bounded = self.bounded and t >= BOUNDED_FROM
         if bounded:  # (P, E): queries and keys padded, see bounded_shapes
             keys_end, mask = bounded_shapes(t, start, end, cache.capacity, self.device)
             pad_rows = mask.shape[0] - t
+        elif t > 1:
+            mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(diagonal=start)  # (T, S)
         h = w.embed[ids]  # (T, C)
         for n, layer in enumerate(w.layers):
             if n and interrupted is not None and interrupted():

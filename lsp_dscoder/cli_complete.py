@@ -14,6 +14,7 @@ from pathlib import Path
 from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams
 from lsp_dscoder.engine.config import resolve
 from lsp_dscoder.engine.errors import EngineError
+from lsp_dscoder.engine.lookup import DRAFT_MAX
 from lsp_dscoder.errors import ServerError
 from lsp_dscoder.positions import Encoding, offset_at, sanitize
 from lsp_dscoder.postprocess import CursorContext, Shaper
@@ -74,8 +75,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--draft-tokens",
         type=int,
-        choices=range(8),
-        metavar="0..7",
+        choices=range(DRAFT_MAX + 1),
+        metavar=f"0..{DRAFT_MAX}",
         default=None,
         help="greedy draft tokens a step, from the prompt (default: 7 on the GPU fast path, else 0)",
     )

@@ -142,7 +142,7 @@ def _apply_settings(ls: DscoderServer, raw: Any, *, reload: bool) -> None:
         ls.show(problem)
     engine_changed = new.engine_key() != ls.settings.engine_key()
     before, after = settings_mod.to_json(ls.settings), settings_mod.to_json(new)
-    changed = [f"{key}={after[key]!r}" for key in after if after[key] != before.get(key)]
+    changed = [f"{key}={value!r}" for key, value in after.items() if value != before[key]]
     if changed:  # what the client changed, once per change (editors and their tests wait for it)
         log.info("settings changed: %s", ", ".join(changed))
     ls.settings = new

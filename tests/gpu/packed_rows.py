@@ -18,7 +18,7 @@ import argparse
 import torch
 
 from lsp_dscoder.bench_awq import awq_weights
-from lsp_dscoder.bench_engine import start_engine
+from lsp_dscoder.bench_engine import prefill_steps, start_engine
 from lsp_dscoder.engine.awq_fast import STREAM_ROWS
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.warmup import capture_one, replay_ms
@@ -74,11 +74,7 @@ def engine(shape: str, buckets: list[int]) -> None:
     prefix = 4096
     gen = torch.Generator(dev).manual_seed(3)
     ids = torch.randint(2, cfg.vocab_size, (prefix + max(buckets),), device=dev, generator=gen)
-    done = 0
-    while done < prefix:  # the prefix in the engine's own steps
-        n = runner.chunk(prefix - done, done, prefix - done)
-        runner.prefill(ids[done : done + n], done, 0)
-        done += n
+    prefill_steps(runner, ids[:prefix], 0)  # the prefix in the engine's own steps
     print(f"\n{shape} INT4, warm-up's choice per bucket: {runner.chosen}")
     print(
         "| bucket | dequant + cuBLAS ms | streamed ms | logits rel. L2 (streamed vs dequant) | same argmax |"
