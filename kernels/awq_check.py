@@ -21,12 +21,13 @@ import triton
 from .awq_dequant import awq_dequant, fragment_dequant
 from .awq_format import pack_int4
 from .awq_fragments import fragment_pack
-from .awq_gemm import AwqTiles, awq_gemm_ref, awq_skinny
-from .awq_gemv import AwqWorkspace, GemvTiles
-from .awq_mma import MmaTiles, awq_mma
+from .awq_gemm import awq_gemm_ref, awq_skinny
+from .awq_mma import awq_mma
+from .awq_plan import AwqTiles, AwqWorkspace, GemvTiles, MmaTiles
 from .check_gpu import replay_us
 from .shapes import by_name
-from .skinny_gemm import SkinnyWorkspace, skinny_gemm
+from .skinny_gemm import skinny_gemm
+from .skinny_plan import SkinnyWorkspace
 
 ROTATE_BYTES = 256 * 2**20  # more than L2 several times over
 Packed = tuple[torch.Tensor, torch.Tensor, torch.Tensor]

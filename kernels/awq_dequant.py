@@ -16,6 +16,8 @@ import triton
 import triton.language as tl
 
 from .awq_format import PACK, dequantize
+from .awq_fragments import load_words
+from .awq_ops import column_shift, word_rows
 from .contract import check_out, check_tensor
 
 
@@ -36,10 +38,10 @@ def _dequant_kernel(
     rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     rw = pid_w * BLOCK_W + tl.arange(0, BLOCK_W)
     j = tl.arange(0, 8)  # the eight columns of a word
-    shift = (j // 2) * 4 + (j % 2) * 16  # SHIFTS: column j of a word sits in nibble 0 4 1 5 2 6 3 7
+    shift = column_shift(j)
     w_ok = rw < words
     g = pid_k * BLOCK_K // GROUP  # BLOCK_K divides GROUP: one group per program
-    w = tl.load(qw_ptr + rk.to(tl.int64)[:, None] * words + rw[None, :], mask=w_ok[None, :], other=0)
+    w = word_rows(qw_ptr, rk, rw, words, w_ok)  # (BLOCK_K, BLOCK_W)
     zw = tl.load(qz_ptr + g * words + rw, mask=w_ok, other=0)  # (BLOCK_W,)
     cols = rw[:, None] * 8 + j[None, :]  # (BLOCK_W, 8)
     ok = w_ok[:, None]
@@ -139,7 +141,7 @@ def fragment_dequant(
         )
     check_out(out, (k, n), out.dtype, packed.device)
     group = k // groups
-    lw = min(4, group // 16)
+    lw = load_words(group)
     # Four 16-column tiles a program: 12-19 % faster than eight at the 6.7B and 33B matrices on an H200
     # (75-83 % of the copy rate, reading the words and writing bf16; docs/awq.md).
     tiles = next(c for c in (4, 2, 1) if (n // 16) % c == 0)

@@ -12,29 +12,33 @@ instruction, which the hardware runs at a quarter rate), and per group, with X =
 Each nibble position of a word is its own (BLOCK_K, BLOCK_W) operand with its own accumulator (columns
 8w + ORDER[i]); the eight are put back in column order once, at the end. Split-K (in whole groups) is
 reduced in the same launch by the last share to arrive, as in kernels/skinny_gemm.py.
+
+Here: the tensor-core kernel, the entry points and the reference; tiles, workspace and the contract check
+are kernels/awq_plan.py's, the Triton pieces shared with the other AWQ kernels kernels/awq_ops.py's.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from .awq_format import PACK, dequantize
-from .awq_gemv import (
+from .awq_gemv import launch_gemv
+from .awq_ops import finish, group_term, unit_value, word_rows, zeros4
+from .awq_plan import (
     GEMV_MAX_M,
     MAX_SPLIT,
+    AwqTiles,
     AwqWorkspace,
     GemvTiles,
-    finish,
+    check_awq,
+    gemm_tiles,
     gemv_tiles,
-    group_term,
-    launch_gemv,
-    nibble_unit,
+    skinny_tiles,
+    split_shares,
 )
-from .contract import FLOAT_DTYPES, check_out, check_tensor, interpreting
+from .contract import check_out, interpreting
 from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 from .skinny_gemm import MAX_M
 from .split_kv import dot_operands_fp32, dot_precision
@@ -42,19 +46,6 @@ from .split_kv import dot_operands_fp32, dot_precision
 __all__ = ["MAX_SPLIT", "AwqTiles", "AwqWorkspace", "awq_gemm", "awq_gemm_ref", "awq_skinny", "check_awq"]
 
 KIND = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the dot operands' dtype, for the kernel
-
-
-@dataclass(frozen=True)
-class AwqTiles:
-    """Tiles of one launch: BLOCK_N a multiple of 128 on the GPU (16 words), BLOCK_K dividing the group."""
-
-    block_m: int = 16
-    block_n: int = 128
-    block_k: int = 64
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 3
-    pairs: bool = False  # bf16 on the GPU: unit_pair_bf16 (inline PTX, so never under the interpreter)
 
 
 # Nibbles i and i + 4 of a word (columns 2c, 2c + 1 in AWQ's order) sit 16 bits apart: one shift puts
@@ -76,7 +67,7 @@ def _pair(w, ASM: tl.constexpr):
 @triton.jit
 def _pair_dots(x, w, d0, d1, d2, d3, d4, d5, d6, d7, PRECISION: tl.constexpr):
     """The eight nibble dots with unit values made two at a time (bf16, GPU only): two instructions per two
-    weights, where unit_dot takes two and a PRMT per weight."""
+    weights, where unit_value takes two and a PRMT per weight."""
     v0, v4 = _pair(w, PAIR_ASM0)
     v1, v5 = _pair(w, PAIR_ASM1)
     v2, v6 = _pair(w, PAIR_ASM2)
@@ -90,18 +81,6 @@ def _pair_dots(x, w, d0, d1, d2, d3, d4, d5, d6, d7, PRECISION: tl.constexpr):
     d6 = tl.dot(x, v6, d6, input_precision=PRECISION)
     d7 = tl.dot(x, v7, d7, input_precision=PRECISION)
     return d0, d1, d2, d3, d4, d5, d6, d7
-
-
-@triton.jit
-def unit_dot(w, NIB: tl.constexpr, KIND: tl.constexpr):
-    """1 + q/16 for nibble NIB of each word in the dot dtype (0 fp32, 1 bf16, 2 fp16), exactly."""
-    if KIND == 1:  # bf16 1.0 = 0x3F80, 7 mantissa bits
-        v = (nibble_unit(w, NIB, 3) | 0x3F80).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    elif KIND == 2:  # fp16 1.0 = 0x3C00, 10 mantissa bits
-        v = (nibble_unit(w, NIB, 6) | 0x3C00).to(tl.int16).to(tl.float16, bitcast=True)
-    else:  # fp32 1.0 = 0x3F800000, 23 mantissa bits
-        v = (nibble_unit(w, NIB, 19) | 0x3F800000).to(tl.float32, bitcast=True)
-    return v
 
 
 @triton.jit
@@ -141,42 +120,30 @@ def _awq_kernel(
     g_lo = pid_k * groups_per_split
     g_hi = tl.minimum(g_lo + groups_per_split, groups)
     pdl_wait(PDL)  # x is the previous kernel's output
-    a0 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-    a1 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-    a2 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-    a3 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-    a4 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-    a5 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-    a6 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-    a7 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+    a0, a1, a2, a3 = zeros4((BLOCK_M, BLOCK_W))
+    a4, a5, a6, a7 = zeros4((BLOCK_M, BLOCK_W))
     for g in range(g_lo, g_hi):
-        d0 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-        d1 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-        d2 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-        d3 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-        d4 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-        d5 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-        d6 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
-        d7 = tl.zeros((BLOCK_M, BLOCK_W), tl.float32)
+        d0, d1, d2, d3 = zeros4((BLOCK_M, BLOCK_W))
+        d4, d5, d6, d7 = zeros4((BLOCK_M, BLOCK_W))
         xs = tl.zeros((BLOCK_M,), tl.float32)
         for kt in range(0, GROUP, BLOCK_K):
             kk = g * GROUP + kt + rk
             x = tl.load(x_ptr + rm.to(tl.int64)[:, None] * K + kk[None, :], mask=m_ok[:, None], other=0.0)
-            w = tl.load(qw_ptr + kk.to(tl.int64)[:, None] * words + rw[None, :], mask=w_ok[None, :], other=0)
+            w = word_rows(qw_ptr, kk, rw, words, w_ok)
             xs += tl.sum(x.to(tl.float32), axis=1)
             if KIND == 0:
                 x = x.to(tl.float32)
             if PAIRS:
                 d0, d1, d2, d3, d4, d5, d6, d7 = _pair_dots(x, w, d0, d1, d2, d3, d4, d5, d6, d7, PRECISION)
             else:
-                d0 = tl.dot(x, unit_dot(w, 0, KIND), d0, input_precision=PRECISION)
-                d1 = tl.dot(x, unit_dot(w, 1, KIND), d1, input_precision=PRECISION)
-                d2 = tl.dot(x, unit_dot(w, 2, KIND), d2, input_precision=PRECISION)
-                d3 = tl.dot(x, unit_dot(w, 3, KIND), d3, input_precision=PRECISION)
-                d4 = tl.dot(x, unit_dot(w, 4, KIND), d4, input_precision=PRECISION)
-                d5 = tl.dot(x, unit_dot(w, 5, KIND), d5, input_precision=PRECISION)
-                d6 = tl.dot(x, unit_dot(w, 6, KIND), d6, input_precision=PRECISION)
-                d7 = tl.dot(x, unit_dot(w, 7, KIND), d7, input_precision=PRECISION)
+                d0 = tl.dot(x, unit_value(w, 0, KIND), d0, input_precision=PRECISION)
+                d1 = tl.dot(x, unit_value(w, 1, KIND), d1, input_precision=PRECISION)
+                d2 = tl.dot(x, unit_value(w, 2, KIND), d2, input_precision=PRECISION)
+                d3 = tl.dot(x, unit_value(w, 3, KIND), d3, input_precision=PRECISION)
+                d4 = tl.dot(x, unit_value(w, 4, KIND), d4, input_precision=PRECISION)
+                d5 = tl.dot(x, unit_value(w, 5, KIND), d5, input_precision=PRECISION)
+                d6 = tl.dot(x, unit_value(w, 6, KIND), d6, input_precision=PRECISION)
+                d7 = tl.dot(x, unit_value(w, 7, KIND), d7, input_precision=PRECISION)
         zw = tl.load(qz_ptr + g * words + rw, mask=w_ok, other=0)  # (BLOCK_W,)
         srow = s_ptr + g * N + rw * 8  # scales of the words' first columns
         a0 += group_term(d0, xs, zw, srow, w_ok, 0)
@@ -190,46 +157,6 @@ def _awq_kernel(
     pdl_release(PDL)  # the weight stream is done: the next kernel may launch
     finish(a0, a1, a2, a3, a4, a5, a6, a7, out_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, M, N,
            BLOCK_M, BLOCK_W, SPLIT_K)  # fmt: skip
-
-
-def skinny_tiles(m: int, n: int, k: int, group: int, device: torch.device) -> AwqTiles:
-    """Tiles for 2 <= M <= 16: 256-column blocks (32 words: four warps of one 8-column MMA each, so no
-    warp repeats another's work), whole groups per K share, about two programs per SM, unit values made
-    two at a time (the fastest of the H200 sweep, docs/awq.md)."""
-    if interpreting() or device.type != "cuda":
-        return AwqTiles(16, 32, min(32, group), 1, 4, 1)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    blocks = triton.cdiv(n, 256)
-    split = max(1, min(MAX_SPLIT, triton.cdiv(2 * sms, blocks), k // group))
-    return AwqTiles(16, 256, min(group, 64), split, 4, 3, pairs=True)
-
-
-def gemm_tiles(m: int, n: int, k: int, group: int, device: torch.device) -> AwqTiles:
-    """Tiles for a prefill: 64 x 256 output tiles on the tensor cores, 64-deep K."""
-    if interpreting() or device.type != "cuda":
-        return AwqTiles(32, 32, min(32, group), 1, 4, 1)
-    return AwqTiles(64, 256, min(group, 64), 1, 4, 3)
-
-
-def check_awq(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> int:
-    """Shapes and dtypes of one launch; returns the group size."""
-    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES)
-    k = x.shape[1]
-    check_tensor("qweight", qweight, ndim=2, dtypes=(torch.int32,), device=x.device)
-    check_tensor("qzeros", qzeros, ndim=2, dtypes=(torch.int32,), device=x.device)
-    check_tensor("scales", scales, ndim=2, dtypes=(torch.float16,), device=x.device)
-    words = qweight.shape[1]
-    groups = scales.shape[0]
-    if qweight.shape[0] != k or words < 1:
-        raise ValueError(f"qweight {tuple(qweight.shape)} must be ({k}, N/8) for x with {k} columns")
-    if groups < 1 or k % groups or tuple(scales.shape) != (groups, words * PACK):
-        raise ValueError(f"scales {tuple(scales.shape)} must be (K/group, {words * PACK}) with K = {k}")
-    if tuple(qzeros.shape) != (groups, words):
-        raise ValueError(f"qzeros {tuple(qzeros.shape)} must be ({groups}, {words})")
-    group = k // groups
-    if group < 16 or group & (group - 1):
-        raise ValueError(f"group size {group} must be a power of two >= 16")
-    return group
 
 
 def _launch(
@@ -246,14 +173,8 @@ def _launch(
     m, k = x.shape
     n = scales.shape[1]
     words, groups = qweight.shape[1], k // group
-    if tiles.block_n % PACK or tiles.block_n < 16 or tiles.block_n & (tiles.block_n - 1):
-        raise ValueError(f"block_n must be a power of two >= 16, got {tiles.block_n}")
-    if not interpreting() and tiles.block_n < 128:  # tl.dot on the GPU needs N >= 16: 16 words
-        raise ValueError(f"block_n must be >= 128 on the GPU, got {tiles.block_n}")
-    if tiles.block_k < 16 or group % tiles.block_k:
-        raise ValueError(f"block_k {tiles.block_k} must be >= 16 and divide the group size {group}")
-    per_split = triton.cdiv(groups, max(1, tiles.split_k))
-    split = triton.cdiv(groups, per_split)  # shares that hold any group at all
+    tiles.check(group)
+    per_split, split = split_shares(groups, tiles.split_k)
     block_w = tiles.block_n // PACK
     n_blocks = triton.cdiv(words, block_w)
     m_blocks = triton.cdiv(m, tiles.block_m)

@@ -14,7 +14,8 @@ K order inside a load of LW blocks (16 LW rows) is permuted too (the product doe
 lane t's B fragments are 4 LW consecutive x values (vector loads). X = sum_k x, for the zero point, is one
 more MMA with A = 1.
 
-The layout is kernels/awq_fragments.py's (made at load: engine/awq.py's AwqLinear.to_fragments).
+The layout is kernels/awq_fragments.py's (made at load: engine/awq.py's AwqLinear.to_fragments), the
+kernel's operations kernels/awq_mma_ops.py's, its tiles kernels/awq_plan.py's.
 
 Split-K: the shares add into an fp32 accumulator. `awq_mma` finishes it in the kernel (the last share to
 arrive reads the totals back); `awq_mma_sums` leaves them for the next kernel to take (kernels/split_sums.py),
@@ -23,16 +24,14 @@ which saves that tail's 1.2-2.1 µs a launch on the H200.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from .awq_fragments import load_words
-from .awq_gemm import check_awq
-from .awq_gemv import AwqWorkspace
-from .awq_mma_ops import BF16_ONES, block, block2, load_b, quad
+from .awq_mma_ops import BF16_ONES, block, block2, finish_lanes, load_b, quad
+from .awq_ops import column_shift, zeros4
+from .awq_plan import AwqWorkspace, MmaTiles, check_awq, mma_tiles, split_shares
 from .contract import check_out, interpreting
 from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
 from .split_sums import SplitSums
@@ -44,16 +43,6 @@ MMA_MAX_M = 8  # one MMA's B columns
 # flight, which are what streams the weights, for registers. Two row blocks are not capped: a cap of 96
 # (what they take) changed their schedule, unmeasured in a clean comparison (docs/awq.md "A register cap").
 ONE_BLOCK_REGISTERS = 64
-
-
-@dataclass(frozen=True)
-class MmaTiles:
-    """split_k shares of whole groups; num_warps column tiles of 16 a program (one warp each)."""
-
-    split_k: int = 1
-    num_warps: int = 1
-    depth: int = 1  # loads (words and x) in flight ahead of the MMAs: 0 or 1 (2 measured no faster)
-    one_pass: bool = False  # 9..16 rows in one launch (each weight read once), not two of 8
 
 
 def mma_supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -102,7 +91,7 @@ def _mma_kernel(
     # B columns past M read row M - 1 again (their outputs are never stored): no masks, no zero fills.
     x_off = (tl.minimum(g, M - 1) * (K // 2) + t * (2 * LW))[:, None] + c4[None, :]  # (L, 4): blocks 0, 1
     x_off2 = (tl.minimum(g + 8, M - 1) * (K // 2) + t * (2 * LW))[:, None] + c4[None, :]  # rows 8-15
-    z_shift = (g // 2) * 4 + (g % 2) * 16  # column g of a word: AutoAWQ's nibble order
+    z_shift = column_shift(g)  # column g of a word: AutoAWQ's nibble order
     ones = tl.full((L,), BF16_ONES, tl.int32)
     LOADS: tl.constexpr = K // (16 * LW)
     kb0 = g_lo * LPG
@@ -113,37 +102,18 @@ def _mma_kernel(
         xa_next, xb_next = load_b(x_ptr, kb0, x_off, LW)
         if MB == 2:
             xc_next, xd_next = load_b(x_ptr, kb0, x_off2, LW)
-    a0 = tl.zeros((L,), tl.float32)
-    a1 = tl.zeros((L,), tl.float32)
-    a2 = tl.zeros((L,), tl.float32)
-    a3 = tl.zeros((L,), tl.float32)
-    if MB == 2:
-        a4 = tl.zeros((L,), tl.float32)
-        a5 = tl.zeros((L,), tl.float32)
-        a6 = tl.zeros((L,), tl.float32)
-        a7 = tl.zeros((L,), tl.float32)
+    a0, a1, a2, a3 = zeros4((L,))
+    a4, a5, a6, a7 = zeros4((L,))  # x rows 8-15: only for MB 2
     for grp in range(g_lo, g_hi):
         zw0 = tl.load(qz_ptr + grp * (N // 8) + nt * 2)
         zw1 = tl.load(qz_ptr + grp * (N // 8) + nt * 2 + 1)
         s0 = tl.load(s_ptr + grp * N + n0).to(tl.float32)
         s1 = tl.load(s_ptr + grp * N + n0 + 8).to(tl.float32)
-        d0 = tl.zeros((L,), tl.float32)
-        d1 = tl.zeros((L,), tl.float32)
-        d2 = tl.zeros((L,), tl.float32)
-        d3 = tl.zeros((L,), tl.float32)
-        x0 = tl.zeros((L,), tl.float32)
-        x1 = tl.zeros((L,), tl.float32)
-        x2 = tl.zeros((L,), tl.float32)
-        x3 = tl.zeros((L,), tl.float32)
+        d0, d1, d2, d3 = zeros4((L,))
+        x0, x1, x2, x3 = zeros4((L,))
         if MB == 2:
-            e0 = tl.zeros((L,), tl.float32)
-            e1 = tl.zeros((L,), tl.float32)
-            e2 = tl.zeros((L,), tl.float32)
-            e3 = tl.zeros((L,), tl.float32)
-            u0 = tl.zeros((L,), tl.float32)
-            u1 = tl.zeros((L,), tl.float32)
-            u2 = tl.zeros((L,), tl.float32)
-            u3 = tl.zeros((L,), tl.float32)
+            e0, e1, e2, e3 = zeros4((L,))
+            u0, u1, u2, u3 = zeros4((L,))
         for ld in range(LPG):
             kb = grp * LPG + ld  # load index: rows 16 LW kb ..
             if DEPTH == 1:
@@ -204,93 +174,8 @@ def _mma_kernel(
             a7 += s1 * (16.0 * e3 - (16.0 + z1) * u3)
     pdl_release(PDL)  # the weight stream is done: the next kernel may launch
     m0 = 2 * t  # D fragment columns: x rows 2t, 2t + 1
-    ADD: tl.constexpr = SUMS or SPLIT_K > 1  # atomic adds into acc, not stores into out
-    _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, nt_ok, M, N, ADD, 0)
-    if MB == 2:
-        _finish(a4, a5, a6, a7, out_ptr, acc_ptr, m0 + 8, n0, nt_ok, M, N, ADD, 0)
-    if SPLIT_K > 1 and not SUMS:
-        tl.debug_barrier()  # every thread's adds are issued before the one release below
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_K - 1:
-            _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, nt_ok, M, N, ADD, 1)
-            if MB == 2:
-                _finish(a4, a5, a6, a7, out_ptr, acc_ptr, m0 + 8, n0, nt_ok, M, N, ADD, 1)
-            tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, ok, M, N, ADD: tl.constexpr, PHASE: tl.constexpr):
-    """The lane's four results (x rows m0, m0 + 1; columns n0, n0 + 8) through _store."""
-    _store(a0, out_ptr, acc_ptr, m0 * N + n0, ok & (m0 < M), ADD, PHASE)
-    _store(a1, out_ptr, acc_ptr, (m0 + 1) * N + n0, ok & (m0 + 1 < M), ADD, PHASE)
-    _store(a2, out_ptr, acc_ptr, m0 * N + n0 + 8, ok & (m0 < M), ADD, PHASE)
-    _store(a3, out_ptr, acc_ptr, (m0 + 1) * N + n0 + 8, ok & (m0 + 1 < M), ADD, PHASE)
-
-
-@triton.jit
-def _store(a, out_ptr, acc_ptr, off, ok, ADD: tl.constexpr, PHASE: tl.constexpr):
-    """Phase 0: y, or the share's atomic add. Phase 1 (the last share): read the sum out, zero it."""
-    if not ADD:
-        tl.store(out_ptr + off, a.to(out_ptr.dtype.element_ty), mask=ok)
-    elif PHASE == 0:
-        tl.atomic_add(acc_ptr + off, a, mask=ok, sem="relaxed", scope="gpu")
-    else:
-        total = tl.load(acc_ptr + off, mask=ok, other=0.0, cache_modifier=".cg")
-        tl.store(out_ptr + off, total.to(out_ptr.dtype.element_ty), mask=ok)
-        tl.store(acc_ptr + off, tl.zeros_like(total), mask=ok)
-
-
-def launch_mma(
-    x: torch.Tensor,
-    packed: torch.Tensor,
-    qzeros: torch.Tensor,
-    scales: torch.Tensor,
-    group: int,
-    out: torch.Tensor,
-    tiles: MmaTiles,
-    workspace: AwqWorkspace | None,
-    pdl: bool,
-    sums: bool = False,
-) -> torch.Tensor:
-    """One launch on the fragment layout; x bf16 (M <= 16, K), shapes checked by the caller. With `sums`,
-    `out` is an fp32 accumulator (zero) that the shares only add into."""
-    m, k = x.shape
-    n = scales.shape[1]
-    if x.dtype != torch.bfloat16 or not 1 <= m <= 2 * MMA_MAX_M:
-        raise ValueError(f"the fragment kernel takes 1..{2 * MMA_MAX_M} rows of bf16 x, got {m} of {x.dtype}")
-    if packed.numel() != k * n // 8:
-        raise ValueError(f"packed has {packed.numel()} words, ({k}, {n}) needs {k * n // 8}")
-    groups = k // group
-    per_split = triton.cdiv(groups, max(1, tiles.split_k))
-    split = triton.cdiv(groups, per_split)
-    if tiles.depth not in (0, 1):
-        raise ValueError(f"depth must be 0 or 1, got {tiles.depth}")
-    if (n // 16) % tiles.num_warps:
-        raise ValueError(f"num_warps {tiles.num_warps} must divide the {n // 16} column tiles")
-    blocks = n // 16 // tiles.num_warps
-    acc, counts = out, out
-    if split > 1 and not sums:
-        workspace = workspace or AwqWorkspace.allocate(n, x.device)
-        if workspace.accum.numel() < m * n or workspace.counts.numel() < blocks:
-            raise ValueError(f"workspace too small for M {m}, N {n}")
-        acc, counts = workspace.accum, workspace.counts
-    _mma_kernel[(blocks, split)](
-        x.view(torch.int32), packed, qzeros, scales, out, acc, counts, m, per_split, N=n, K=k, GROUP=group,
-        LW=load_words(group), NW=tiles.num_warps, SPLIT_K=split, DEPTH=tiles.depth,
-        MB=triton.cdiv(m, MMA_MAX_M), PDL=pdl, SUMS=sums,
-        num_warps=tiles.num_warps, num_stages=1, maxnreg=ONE_BLOCK_REGISTERS if m <= MMA_MAX_M else None,
-        **launch_options(pdl),
-    )  # fmt: skip
-    return out
-
-
-def mma_tiles(n: int, k: int, group: int, device: torch.device) -> MmaTiles:
-    """One warp a program, K shares of whole groups for about 32 programs per SM (as many one-warp
-    programs as an SM holds at 64 registers; 16 streamed 15-29% faster than 8 on the H200), one load
-    ahead; 9..16 rows in one launch (H200, the four 6.7B matrices at 16 rows: 4-12% faster than two
-    launches of 8, the same error against the reference)."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    return MmaTiles(max(1, min(k // group, triton.cdiv(32 * sms, n // 16))), 1, 1, one_pass=True)
+    finish_lanes(a0, a1, a2, a3, a4, a5, a6, a7, out_ptr, acc_ptr, count_ptr, pid_n, m0, n0, nt_ok, M, N,
+                 MB, SPLIT_K, SUMS)  # fmt: skip
 
 
 def awq_mma(
@@ -342,14 +227,36 @@ def _launch_rows(
     pdl: bool,
     sums: bool,
 ) -> None:
-    """Check the arguments, then one launch per `step` rows into `out` (the totals themselves when sums)."""
+    """Check the arguments, then one launch per `step` rows into `out`. With `sums`, `out` is an fp32
+    accumulator (zero: the totals themselves) that the shares only add into."""
     group = check_awq(x, fragments, qzeros, scales)
     m, k = x.shape
+    n = scales.shape[1]
     if m < 1:
         raise ValueError(f"x must have at least one row, got {m}")
     check_pdl(pdl, x.device)
-    tiles = tiles or mma_tiles(scales.shape[1], k, group, x.device)
+    tiles = tiles or mma_tiles(n, k, group, x.device)
     step = 2 * MMA_MAX_M if tiles.one_pass else MMA_MAX_M
+    most = min(m, step)  # rows of the first launch, the largest
+    if x.dtype != torch.bfloat16:
+        raise ValueError(
+            f"the fragment kernel takes 1..{2 * MMA_MAX_M} rows of bf16 x, got {most} of {x.dtype}"
+        )
+    per_split, split = split_shares(k // group, tiles.split_k)
+    tiles.check(n)
+    blocks = n // 16 // tiles.num_warps
+    acc, counts = out, out
+    if split > 1 and not sums:
+        workspace = workspace or AwqWorkspace.allocate(n, x.device)
+        if workspace.accum.numel() < most * n or workspace.counts.numel() < blocks:
+            raise ValueError(f"workspace too small for M {most}, N {n}")
+        acc, counts = workspace.accum, workspace.counts
     for r in range(0, m, step):
-        rows = slice(r, r + step)
-        launch_mma(x[rows], fragments, qzeros, scales, group, out[rows], tiles, workspace, pdl, sums)
+        rows = min(step, m - r)
+        xr, yr = x[r : r + rows].view(torch.int32), out[r : r + rows]  # x in bf16, two K rows a word
+        _mma_kernel[(blocks, split)](
+            xr, fragments, qzeros, scales, yr, acc, counts, rows, per_split, N=n, K=k, GROUP=group,
+            LW=load_words(group), NW=tiles.num_warps, SPLIT_K=split, DEPTH=tiles.depth,
+            MB=triton.cdiv(rows, MMA_MAX_M), PDL=pdl, SUMS=sums, num_warps=tiles.num_warps, num_stages=1,
+            maxnreg=ONE_BLOCK_REGISTERS if rows <= MMA_MAX_M else None, **launch_options(pdl),
+        )  # fmt: skip

@@ -1,7 +1,7 @@
 """The fragment kernel's operations (kernels/awq_mma.py): the `mma.m16n8k16` and the A operand's unit
-values in inline PTX, and the B operand's loads. A lane's packed word is its A fragment
-(kernels/awq_fragments.py): register i holds nibbles i and i + 4 as two bf16 1 + q/16, made with one shift
-and one LOP3."""
+values in inline PTX, the B operand's loads, and the stores of the results (split-K included). A lane's
+packed word is its A fragment (kernels/awq_fragments.py): register i holds nibbles i and i + 4 as two bf16
+1 + q/16, made with one shift and one LOP3."""
 
 from __future__ import annotations
 
@@ -71,3 +71,44 @@ def load_b(x_ptr, kb, x_off, LW: tl.constexpr):
     if LW == 4:
         xb = tl.load(x_ptr + kb * (8 * LW) + 4 + x_off)
     return xa, xb
+
+
+@triton.jit
+def finish_lanes(a0, a1, a2, a3, a4, a5, a6, a7, out_ptr, acc_ptr, count_ptr, pid_n, m0, n0, ok, M, N,
+                 MB: tl.constexpr, SPLIT_K: tl.constexpr, SUMS: tl.constexpr):  # fmt: skip
+    """Store the lane's results: a0..a3 of x rows m0, m0 + 1, a4..a7 (MB 2) of rows m0 + 8, m0 + 9. Split-K
+    shares (and SUMS) add into acc; without SUMS the last share to arrive reads the sums out, zeroes them."""
+    ADD: tl.constexpr = SUMS or SPLIT_K > 1  # atomic adds into acc, not stores into out
+    _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, ok, M, N, ADD, 0)
+    if MB == 2:
+        _finish(a4, a5, a6, a7, out_ptr, acc_ptr, m0 + 8, n0, ok, M, N, ADD, 0)
+    if SPLIT_K > 1 and not SUMS:
+        tl.debug_barrier()  # every thread's adds are issued before the one release below
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, ok, M, N, ADD, 1)
+            if MB == 2:
+                _finish(a4, a5, a6, a7, out_ptr, acc_ptr, m0 + 8, n0, ok, M, N, ADD, 1)
+            tl.atomic_xchg(count_ptr + pid_n, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _finish(a0, a1, a2, a3, out_ptr, acc_ptr, m0, n0, ok, M, N, ADD: tl.constexpr, PHASE: tl.constexpr):
+    """The lane's four results (x rows m0, m0 + 1; columns n0, n0 + 8) through _store."""
+    _store(a0, out_ptr, acc_ptr, m0 * N + n0, ok & (m0 < M), ADD, PHASE)
+    _store(a1, out_ptr, acc_ptr, (m0 + 1) * N + n0, ok & (m0 + 1 < M), ADD, PHASE)
+    _store(a2, out_ptr, acc_ptr, m0 * N + n0 + 8, ok & (m0 < M), ADD, PHASE)
+    _store(a3, out_ptr, acc_ptr, (m0 + 1) * N + n0 + 8, ok & (m0 + 1 < M), ADD, PHASE)
+
+
+@triton.jit
+def _store(a, out_ptr, acc_ptr, off, ok, ADD: tl.constexpr, PHASE: tl.constexpr):
+    """Phase 0: y, or the share's atomic add. Phase 1 (the last share): read the sum out, zero it."""
+    if not ADD:
+        tl.store(out_ptr + off, a.to(out_ptr.dtype.element_ty), mask=ok)
+    elif PHASE == 0:
+        tl.atomic_add(acc_ptr + off, a, mask=ok, sem="relaxed", scope="gpu")
+    else:
+        total = tl.load(acc_ptr + off, mask=ok, other=0.0, cache_modifier=".cg")
+        tl.store(out_ptr + off, total.to(out_ptr.dtype.element_ty), mask=ok)
+        tl.store(acc_ptr + off, tl.zeros_like(total), mask=ok)

@@ -14,7 +14,8 @@ from lsp_dscoder.kernels.awq_dequant import awq_dequant_ref, fragment_dequant
 from lsp_dscoder.kernels.awq_format import pack_int4, unpack_int4
 from lsp_dscoder.kernels.awq_fragments import fragment_pack, fragment_unpack, load_words
 from lsp_dscoder.kernels.awq_gemm import awq_gemm_ref
-from lsp_dscoder.kernels.awq_mma import MmaTiles, awq_mma
+from lsp_dscoder.kernels.awq_mma import awq_mma
+from lsp_dscoder.kernels.awq_plan import MmaTiles
 
 SHAPES = [(48, 192, 64), (16, 64, 32), (32, 256, 128), (80, 128, 32)]  # (N, K, group): N off 32, K off 128
 

@@ -8,8 +8,8 @@ import torch
 
 from lsp_dscoder.kernels.awq_dequant import awq_dequant, awq_dequant_ref
 from lsp_dscoder.kernels.awq_format import pack_int4
-from lsp_dscoder.kernels.awq_gemm import AwqTiles, awq_gemm, awq_gemm_ref, awq_skinny
-from lsp_dscoder.kernels.awq_gemv import AwqWorkspace, GemvTiles
+from lsp_dscoder.kernels.awq_gemm import awq_gemm, awq_gemm_ref, awq_skinny
+from lsp_dscoder.kernels.awq_plan import AwqTiles, AwqWorkspace, GemvTiles
 
 # (atol, rtol) of kernel vs reference. Both sum exact fp32 products (the interpreter widens the dot
 # operands), in different orders, and the kernel subtracts z * sum(x) from sum(x * q): terms up to
