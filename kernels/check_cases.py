@@ -1,5 +1,6 @@
 """The cases `check_gpu` runs: each builds a kernel launch at a model's shapes and a check of what it wrote
-against the kernel's reference; plus the buffers, tolerances and FLOP/byte counts they share."""
+against the kernel's reference; the attention kernels' graph-replay check (captured at one position, replayed
+at another); plus the buffers, tolerances and FLOP/byte counts they share."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from .rms_norm import rms_norm, rms_norm_ref
 from .rope_store import rope_cos_sin, rope_store, rope_store_ref
 from .shapes import Model
 from .silu_mul import silu_mul, silu_mul_ref
-from .skinny_gemm import MAX_M, SkinnyWorkspace, skinny_gemm
+from .skinny_gemm import MAX_M, skinny_gemm
 from .skinny_parts import RmsScale
+from .skinny_plan import SkinnyWorkspace
 from .split_sums import SplitSums
 
 Call = Callable[[], object]
@@ -175,6 +177,43 @@ def rms_gemm_case(m: Model, n_tok: int, n_out: int, dev: torch.device, glu: bool
         return lambda: skinny_gemm(x_w, w, out=out, workspace=workspace, rms=rms, glu=glu), verify
 
     return make
+
+
+def graph_replay_checks(m: Model, max_ctx: int, dev: torch.device, log: Callable[[str], None]) -> float:
+    """Capture at one position, replay at another: the kernels must read positions on the device.
+    Returns the worst relative error."""
+    q1 = randn(1, m.heads, m.head_dim, dev=dev)
+    q4 = randn(4, m.heads, m.head_dim, dev=dev)
+    k, v = kv_cache(m, max_ctx, dev)
+    pos = torch.tensor([7], device=dev)
+    scale = m.head_dim**-0.5
+    worst = 0.0
+    calls = {
+        "decode": lambda: da.decode_attention(q1, k, v, pos, scale),
+        "extend": lambda: ea.extend_attention(q4, k, v, pos, scale),
+    }
+    for name, call in calls.items():
+        call()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = call()
+            pos.fill_(max_ctx - 5)
+            graph.replay()
+        else:  # the interpreter has no graphs: a second call at the new position checks the rest
+            pos.fill_(max_ctx - 5)
+            out = call()
+        ref = (
+            da.decode_attention_ref(q1, k, v, pos, scale)
+            if name == "decode"
+            else ea.extend_attention_ref(q4, k, v, pos, scale)
+        )
+        err = rel_err(out, ref)
+        worst = max(worst, err)
+        log(f"graph replay {name:7s} {m.name}: captured at 7, replayed at {max_ctx - 5}: rel err {err:.2e}")
+        pos.fill_(7)
+    return worst
 
 
 def attn_cost(m: Model, n_tok: int, prefix: int) -> tuple[float, float]:

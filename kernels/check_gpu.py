@@ -20,13 +20,11 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import triton
 
-from . import decode_attention as da
 from . import extend_attention as ea
 from .check_cases import (
     Call,
@@ -34,9 +32,8 @@ from .check_cases import (
     attn_case,
     attn_cost,
     fused_decode_case,
-    kv_cache,
+    graph_replay_checks,
     randn,
-    rel_err,
     rms_case,
     rms_gemm_case,
     rope_case,
@@ -59,6 +56,11 @@ def time_us(make: Make, set_bytes: float, dev: torch.device) -> tuple[float, flo
         return (time.perf_counter() - t0) * 1e6, err
     l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 60 << 20)
     launches = [launch] + [make()[0] for _ in range(max(1, min(15, math.ceil(3 * l2 / set_bytes) - 1)))]
+    return replay_us(capture(launches), len(launches)), err
+
+
+def capture(launches: list[Call]) -> torch.cuda.CUDAGraph:
+    """One CUDA graph of all `launches`, each run once first (compiles and autotuning stay outside it)."""
     for f in launches:
         f()
     torch.cuda.synchronize()
@@ -66,7 +68,7 @@ def time_us(make: Make, set_bytes: float, dev: torch.device) -> tuple[float, flo
     with torch.cuda.graph(graph):
         for f in launches:
             f()
-    return replay_us(graph, len(launches)), err
+    return graph
 
 
 # Replays before timing and at least this much timed: a replay of a few large launches takes ~0.1 ms, and
@@ -124,43 +126,6 @@ def measure_floors(dev: torch.device) -> tuple[float, float]:
     x, y = randn(8192, 8192, dev=dev), randn(8192, 8192, dev=dev)
     rate = 2 * 8192**3 / (median_ms(lambda: x @ y) * 1e-3)
     return bw, rate
-
-
-def graph_replay_checks(m: Model, max_ctx: int, dev: torch.device, log: Callable[[str], None]) -> float:
-    """Capture at one position, replay at another: the kernels must read positions on the device.
-    Returns the worst relative error."""
-    q1 = randn(1, m.heads, m.head_dim, dev=dev)
-    q4 = randn(4, m.heads, m.head_dim, dev=dev)
-    k, v = kv_cache(m, max_ctx, dev)
-    pos = torch.tensor([7], device=dev)
-    scale = m.head_dim**-0.5
-    worst = 0.0
-    calls = {
-        "decode": lambda: da.decode_attention(q1, k, v, pos, scale),
-        "extend": lambda: ea.extend_attention(q4, k, v, pos, scale),
-    }
-    for name, call in calls.items():
-        call()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = call()
-            pos.fill_(max_ctx - 5)
-            graph.replay()
-        else:  # the interpreter has no graphs: a second call at the new position checks the rest
-            pos.fill_(max_ctx - 5)
-            out = call()
-        ref = (
-            da.decode_attention_ref(q1, k, v, pos, scale)
-            if name == "decode"
-            else ea.extend_attention_ref(q4, k, v, pos, scale)
-        )
-        err = rel_err(out, ref)
-        worst = max(worst, err)
-        log(f"graph replay {name:7s} {m.name}: captured at 7, replayed at {max_ctx - 5}: rel err {err:.2e}")
-        pos.fill_(7)
-    return worst
 
 
 def main() -> None:

@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 
 from .check_cases import randn, rel_err
-from .check_gpu import measure_floors
+from .check_gpu import capture, measure_floors
 from .shapes import MODELS, Model
 from .silu_mul import silu_mul
-from .skinny_gemm import SkinnyConfig, SkinnyWorkspace, default_config, skinny_gemm, skinny_gemm_ref
+from .skinny_gemm import skinny_gemm, skinny_gemm_ref
+from .skinny_plan import SkinnyConfig, SkinnyWorkspace, default_config
 
 ROWS = (1, 4, 16)
 SWEEP = (
@@ -83,13 +84,7 @@ def launches(
 
 def graph_us(launches: list[Callable[[], object]]) -> float:
     """Median microseconds per launch of one CUDA graph holding all `launches`."""
-    for f in launches:
-        f()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for f in launches:
-            f()
+    graph = capture(launches)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(25):

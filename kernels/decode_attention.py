@@ -15,27 +15,19 @@ import torch
 import triton
 import triton.language as tl
 
-from .contract import (
-    FLOAT_DTYPES,
-    check_head_dim,
-    check_kv_caches,
-    check_out,
-    check_position,
-    check_tensor,
-    interpreting,
-)
+from .contract import FLOAT_DTYPES, check_tensor, interpreting
 from .extend_attention import extend_attention_ref
-from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
+from .online_softmax import LOG2E, load_kv, normalise, softmax_state, softmax_step
+from .pdl import pdl_release, pdl_wait
 from .split_kv import (
-    LOG2E,
-    NEG_BIG,
-    alloc_partials,
+    check_attention,
     choose_num_splits,
     combine_splits,
-    dot_operands_fp32,
-    dot_precision,
-    softmax_step,
+    dot_launch_options,
+    merge_partials,
+    partials_or_out,
     split_range,
+    store_partial,
 )
 
 
@@ -82,30 +74,22 @@ def _decode_kernel(
 
     kv_base = kv_head.to(tl.int64) * max_ctx * D
     n = tl.arange(0, BLOCK_N)
-    m_i = tl.full((BLOCK_H,), NEG_BIG, tl.float32)
-    l_i = tl.zeros((BLOCK_H,), tl.float32)
-    acc = tl.zeros((BLOCK_H, D), tl.float32)
+    m_i, l_i, acc = softmax_state(BLOCK_H, D)
     for j0 in range(lo, hi, BLOCK_N):
         j = j0 + n
         kv_ok = j < hi  # only the share's tail tile is partial
         kv_off = kv_base + j.to(tl.int64)[:, None] * D + d[None, :]  # (N, D)
-        k = tl.load(k_ptr + kv_off, mask=kv_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + kv_off, mask=kv_ok[:, None], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv(k_ptr, v_ptr, kv_off, kv_ok, True, UPCAST)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BLOCK_H, N)
         qk = tl.where(kv_ok[None, :], qk, float("-inf"))
         m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, v_ptr.dtype.element_ty, PRECISION)
 
     pdl_release(PDL)  # the KV stream is done: the next kernel may launch
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o = acc / l_safe[:, None]
+    o = normalise(acc, l_i)
     if SPLIT:
         if lo < kv_len:
             part_row = split_id.to(tl.int64) * H + head  # (BLOCK_H,)
-            tl.store(part_o_ptr + part_row[:, None] * D + d[None, :], o, mask=row_ok[:, None])
-            tl.store(part_lse_ptr + part_row, m_i + tl.log2(l_i), mask=row_ok)
+            store_partial(part_o_ptr, part_lse_ptr, part_row, o, m_i, l_i, row_ok, D)
         if FUSED:
             # Every thread's partial is stored before the one release below makes them visible; splits
             # past kv_len count too, so the last arrival knows every partial is in.
@@ -117,17 +101,8 @@ def _decode_kernel(
                 # One query head at a time: a (splits, D) tile of partials, all loads in flight at once.
                 for g_row in tl.static_range(G):
                     row = kv_head * G + g_row
-                    part = tl.arange(0, BLOCK_S).to(tl.int64) * H + row  # (S,)
                     # .cg: from L2, where the other splits' stores are, never a stale L1 line.
-                    lse = tl.load(part_lse_ptr + part, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
-                    w = tl.exp2(lse - tl.max(lse, 0))  # (S,); absent splits weigh 0
-                    po = tl.load(
-                        part_o_ptr + part[:, None] * D + d[None, :],
-                        mask=s_ok[:, None],
-                        other=0.0,
-                        cache_modifier=".cg",
-                    )  # (S, D)
-                    merged = tl.sum(w[:, None] * po, 0) / tl.sum(w, 0)  # (D,)
+                    merged = merge_partials(part_o_ptr, part_lse_ptr, row, H, s_ok, D, BLOCK_S, ".cg")  # (D,)
                     tl.store(out_ptr + row * D + d, merged.to(out_ptr.dtype.element_ty))
                 tl.atomic_xchg(count_ptr + kv_head, 0, sem="relaxed", scope="gpu")
     else:
@@ -170,18 +145,13 @@ def decode_attention(
     if not (q.dim() == 2 or (q.dim() == 3 and q.shape[0] == 1)):
         raise ValueError(f"q must be (H, D) or (1, H, D), got {tuple(q.shape)}")
     n_heads, head_dim = q.shape[-2:]
-    check_head_dim(head_dim)
-    n_kv, max_ctx = check_kv_caches(k_cache, v_cache, q, n_heads, head_dim)
-    check_position("seq_len", seq_len, q.device)
-    out = check_out(out, tuple(q.shape), q.dtype, q.device)
-    check_pdl(pdl, q.device)
+    n_kv, max_ctx, out = check_attention(q, k_cache, v_cache, "seq_len", seq_len, out, pdl)
 
     group = n_heads // n_kv
     tiles = tiles or default_tiles()
     block_n = tiles.block_n
     splits = choose_num_splits(n_kv, max_ctx, block_n, q.device, num_splits)
-    # Without splits the kernel writes `out` directly and never touches the partial pointers.
-    part_o, part_lse = alloc_partials(splits, n_heads, head_dim, q.device) if splits > 1 else (out, out)
+    part_o, part_lse = partials_or_out(splits, n_heads, out)
     fused = counts is not None and splits > 1
     if counts is not None:
         check_tensor("counts", counts, ndim=1, dtypes=(torch.int32,), device=q.device)
@@ -207,12 +177,9 @@ def decode_attention(
         SPLIT=splits > 1,
         FUSED=fused,
         BLOCK_S=triton.next_power_of_2(splits),
-        UPCAST=dot_operands_fp32(q.dtype),
-        PRECISION=dot_precision(q.dtype),
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
-        PDL=pdl,
-        **launch_options(pdl),
+        **dot_launch_options(q.dtype, pdl),
     )
     if splits > 1 and not fused:
         combine_splits(part_o, part_lse, out.view(n_heads, head_dim), seq_len, 0, max_ctx, block_n, pdl)

@@ -15,27 +15,19 @@ import torch
 import triton
 import triton.language as tl
 
-from .contract import (
-    FLOAT_DTYPES,
-    check_head_dim,
-    check_kv_caches,
-    check_out,
-    check_position,
-    check_tensor,
-    interpreting,
-)
-from .extend_prefill import PrefillTiles, launch_prefill, prefill_tiles
-from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
+from .contract import FLOAT_DTYPES, check_tensor, interpreting
+from .extend_prefill import launch_prefill
+from .online_softmax import LOG2E, causal_mask, load_kv, normalise, softmax_state, softmax_step
+from .pdl import pdl_release, pdl_wait
+from .prefill_plan import PrefillTiles, prefill_tiles
 from .split_kv import (
-    LOG2E,
-    NEG_BIG,
-    alloc_partials,
+    check_attention,
     choose_num_splits,
     combine_splits,
-    dot_operands_fp32,
-    dot_precision,
-    softmax_step,
+    dot_launch_options,
+    partials_or_out,
     split_range,
+    store_partial,
 )
 
 
@@ -93,41 +85,28 @@ def _extend_kernel(
 
     kv_base = kv_head.to(tl.int64) * max_ctx * D
     n = tl.arange(0, BLOCK_N)
-    m_i = tl.full((BLOCK_M,), NEG_BIG, tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    m_i, l_i, acc = softmax_state(BLOCK_M, D)
     for j0 in range(lo, full_hi, BLOCK_N):
         kv_off = kv_base + (j0 + n).to(tl.int64)[:, None] * D + d[None, :]  # (N, D)
-        k = tl.load(k_ptr + kv_off)
-        v = tl.load(v_ptr + kv_off)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv(k_ptr, v_ptr, kv_off, None, False, UPCAST)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (M, N)
         m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, v_ptr.dtype.element_ty, PRECISION)
     for j0 in range(full_hi, kv_hi, BLOCK_N):
         j = j0 + n
         kv_ok = j < kv_hi
         kv_off = kv_base + j.to(tl.int64)[:, None] * D + d[None, :]
-        k = tl.load(k_ptr + kv_off, mask=kv_ok[:, None], other=0.0)
-        v = tl.load(v_ptr + kv_off, mask=kv_ok[:, None], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k, v = load_kv(k_ptr, v_ptr, kv_off, kv_ok, True, UPCAST)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        visible = (j[None, :] <= start + t[:, None]) & kv_ok[None, :]
-        qk = tl.where(visible, qk, float("-inf"))
+        qk = causal_mask(qk, j, t, start, kv_ok)
         m_i, l_i, acc = softmax_step(qk, v, m_i, l_i, acc, v_ptr.dtype.element_ty, PRECISION)
 
     pdl_release(PDL)  # the KV stream is done: the next kernel may launch
     # A row with no visible key in this split (l = 0) leaves output 0 and log-sum -inf: weight 0 in combine.
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o = acc / l_safe[:, None]
+    o = normalise(acc, l_i)
     if SPLIT:
         if lo < kv_len:
             part_row = split_id.to(tl.int64) * T * H + (t * H + head)  # (M,)
-            tl.store(part_o_ptr + part_row[:, None] * D + d[None, :], o, mask=row_ok[:, None])
-            tl.store(part_lse_ptr + part_row, m_i + tl.log2(l_i), mask=row_ok)
+            store_partial(part_o_ptr, part_lse_ptr, part_row, o, m_i, l_i, row_ok, D)
     else:
         tl.store(out_ptr + qo_off, o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
@@ -168,17 +147,11 @@ def extend_attention(
     """Causal attention of q (T, H, D) at positions start..start+T-1 over k_cache/v_cache (KVH, max_ctx, D)
     positions [0, start + T); start is a 1-element int32/int64 device tensor. Returns (T, H, D) in q.dtype.
     num_splits: splits of the key range (None: from the shapes and the SM count). tiles: the kernel and
-    its tiles (None: extend_prefill's for long steps, else this kernel's `tiles_for`; the tuning sweeps pass
-    others)."""
+    its tiles (None: prefill_plan's `prefill_tiles` for long steps, run by extend_prefill's kernel, else this
+    kernel's `tiles_for`; the tuning sweeps pass others)."""
     check_tensor("q", q, ndim=3, dtypes=FLOAT_DTYPES)
     n_tok, n_heads, head_dim = q.shape
-    check_head_dim(head_dim)
-    n_kv, max_ctx = check_kv_caches(k_cache, v_cache, q, n_heads, head_dim)
-    if n_tok < 1 or n_tok > max_ctx:
-        raise ValueError(f"q must hold 1..max_ctx ({max_ctx}) tokens, got {n_tok}")
-    check_position("start", start, q.device)
-    out = check_out(out, tuple(q.shape), q.dtype, q.device)
-    check_pdl(pdl, q.device)
+    n_kv, max_ctx, out = check_attention(q, k_cache, v_cache, "start", start, out, pdl, n_tok)
 
     if tiles is None:
         tiles = prefill_tiles(n_tok, n_heads, q.dtype, q.device)
@@ -197,9 +170,8 @@ def extend_attention(
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
         num_splits = max(1, min(triton.cdiv(max_ctx, tiles.block_n), round(sms / (row_blocks * n_kv))))
     splits = choose_num_splits(row_blocks * n_kv, max_ctx, tiles.block_n, q.device, num_splits)
-    # Without splits the kernel writes `out` directly and never touches the partial pointers.
     rows = n_tok * n_heads
-    part_o, part_lse = (out, out) if splits == 1 else alloc_partials(splits, rows, head_dim, q.device)
+    part_o, part_lse = partials_or_out(splits, rows, out)
     _extend_kernel[(row_blocks, n_kv, splits)](
         q,
         k_cache,
@@ -218,13 +190,10 @@ def extend_attention(
         BLOCK_M=tiles.block_m,
         BLOCK_N=tiles.block_n,
         SPLIT=splits > 1,
-        UPCAST=dot_operands_fp32(q.dtype),
-        PRECISION=dot_precision(q.dtype),
         num_warps=tiles.num_warps,
         # fp32 tiles are twice the bytes: two stages keep a 128-row tile well inside 227 KB of shared memory.
         num_stages=min(tiles.num_stages, 2) if q.dtype == torch.float32 else tiles.num_stages,
-        PDL=pdl,
-        **launch_options(pdl),
+        **dot_launch_options(q.dtype, pdl),
     )
     if splits > 1:
         combine_splits(part_o, part_lse, out.view(rows, head_dim), start, n_tok, max_ctx, tiles.block_n, pdl)

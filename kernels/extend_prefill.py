@@ -8,26 +8,25 @@ descriptors (TMA). GQA maps a query head to its KV head (head // G): the G progr
 K/V tiles, which stay in L2. Causal blocks are skipped exactly: keys every row of the block sees run in a
 loop without masks, only the diagonal tiles are masked. Short steps that leave SMs idle split the key range
 (split_kv.py), with the shares computed from the position on the device, so CUDA graphs replay at any start.
+Its tiles and split counts are chosen in prefill_plan.py.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .contract import interpreting
-from .pdl import launch_options, pdl_enter
+from .online_softmax import LOG2E, causal_mask, normalise, softmax_state
+from .pdl import pdl_enter
+from .prefill_plan import PrefillTiles, prefill_splits
 from .split_kv import (
-    LOG2E,
-    NEG_BIG,
-    alloc_partials,
+    choose_num_splits,
     combine_splits,
-    dot_operands_fp32,
-    dot_precision,
+    dot_launch_options,
+    partials_or_out,
     split_range,
+    store_partial,
 )
 
 
@@ -109,9 +108,7 @@ def _extend_long_kernel(
         v = v + kv_row0.to(tl.int64) * D
         kv_row0 = 0
     n = tl.arange(0, BLOCK_N)
-    m_i = tl.full((BLOCK_M,), NEG_BIG, tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, D), tl.float32)
+    m_i, l_i, acc = softmax_state(BLOCK_M, D)
     for j0 in range(lo, full_hi, BLOCK_N):
         kt = _kv_tile(k, kv_row0 + j0, n, D, BLOCK_N, TMA, False)
         vt = _kv_tile(v, kv_row0 + j0, n, D, BLOCK_N, TMA, False)
@@ -153,8 +150,7 @@ def _extend_long_kernel(
             kt = kt.to(tl.float32)
             vt = vt.to(tl.float32)
         qk = tl.dot(qt, tl.trans(kt), input_precision=PRECISION) * qk_scale
-        visible = (j[None, :] <= start + t[:, None]) & kv_ok[None, :]
-        qk = tl.where(visible, qk, float("-inf"))
+        qk = causal_mask(qk, j, t, start, kv_ok)
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
@@ -163,70 +159,17 @@ def _extend_long_kernel(
         m_i = m_new
 
     # A row with no visible key in this split (l = 0) leaves output 0 and log-sum -inf: weight 0 in combine.
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    o = acc / l_safe[:, None]
+    o = normalise(acc, l_i)
     if SPLIT:
         if lo < kv_len:
-            d = tl.arange(0, D)
             part_row = split_id.to(tl.int64) * T * H + q_rows  # (M,)
-            tl.store(part_o_ptr + part_row[:, None] * D + d[None, :], o, mask=row_ok[:, None])
-            tl.store(part_lse_ptr + part_row, m_i + tl.log2(l_i), mask=row_ok)
+            store_partial(part_o_ptr, part_lse_ptr, part_row, o, m_i, l_i, row_ok, D)
     elif TMA:
         out.store([t0, head * D], o.to(p_dtype))  # rows past T are clipped by the descriptor
     else:
         d = tl.arange(0, D)
         o_off = q_rows.to(tl.int64)[:, None] * D + d[None, :]
         tl.store(out + o_off, o.to(p_dtype), mask=row_ok[:, None])
-
-
-@dataclass(frozen=True)
-class PrefillTiles:
-    """Tiles of the long-step kernel; tma: load and store through tensor descriptors (sm_90+)."""
-
-    block_m: int = 128
-    block_n: int = 64
-    num_warps: int = 8
-    num_stages: int = 3
-    tma: bool = False
-    # Registers per thread, when capped: 128 lets two 8-warp programs share an SM, so one's softmax runs
-    # while the other's products do.
-    maxnreg: int | None = None
-    lazy: bool = False  # rescale the accumulator only when a row max rose by more than 2^8
-
-
-# From this many new tokens a step is compute-bound and runs this kernel.
-LONG_STEP = 256
-
-
-def prefill_tiles(n_tok: int, n_heads: int, dtype: torch.dtype, device: torch.device) -> PrefillTiles | None:
-    """Tiles for a step of n_tok new tokens, or None for extend_attention's own kernel."""
-    if n_tok < LONG_STEP:
-        return None
-    if interpreting() or device.type != "cuda":
-        # Small tiles so that tests at small shapes cross query blocks, key tiles and split boundaries.
-        return PrefillTiles(16, 16, 4, 1)
-    if dtype == torch.float32:
-        return None  # the debug dtype: its tiles were never timed here, and the other kernel serves it
-    tma = torch.cuda.get_device_capability(device)[0] >= 9
-    sms: int = torch.cuda.get_device_properties(device).multi_processor_count
-    if n_heads * triton.cdiv(n_tok, 128) >= sms // 2:
-        # H200 sweep (docs/kernels.md): 128x128 tiles, 3 stages (one program an SM, 230 KB of shared
-        # memory) were the fastest at 4K and 16K tokens for all three shapes, 1.40-1.58x the FLOP floor.
-        return PrefillTiles(128, 128, 8, 3, tma)
-    # Too few 128-row blocks to fill the SMs (a 256-token line at 1.3B/6.7B): 64-row tiles, two programs
-    # an SM, and key splits for the rest.
-    return PrefillTiles(64, 64, 4, 3, tma)
-
-
-def prefill_splits(programs: int, max_ctx: int, tiles: PrefillTiles, device: torch.device) -> int:
-    """Key splits when query blocks x heads leave SMs idle (a few hundred tokens); shapes only, never the
-    live length. Each split costs an fp32 partial row per (token, head) written and read again."""
-    if interpreting() or device.type != "cuda":
-        return 1
-    sms: int = torch.cuda.get_device_properties(device).multi_processor_count
-    if programs >= 2 * sms:
-        return 1
-    return max(1, min(int(triton.cdiv(max_ctx, tiles.block_n)), 64, round(sms / programs)))
 
 
 def launch_prefill(
@@ -244,13 +187,12 @@ def launch_prefill(
     n_tok, n_heads, head_dim = q.shape
     n_kv, max_ctx, _ = k_cache.shape
     q_blocks = triton.cdiv(n_tok, tiles.block_m)
-    limit = min(64, triton.cdiv(max_ctx, tiles.block_n))
     if num_splits is None:
         num_splits = prefill_splits(q_blocks * n_heads, max_ctx, tiles, q.device)
-    elif not 1 <= num_splits <= limit:
-        raise ValueError(f"num_splits must be in [1, {limit}] for max_ctx {max_ctx}, got {num_splits}")
+    else:  # checked against the same limit as the other kernels' splits
+        num_splits = choose_num_splits(q_blocks * n_heads, max_ctx, tiles.block_n, q.device, num_splits)
     rows = n_tok * n_heads
-    part_o, part_lse = (out, out) if num_splits == 1 else alloc_partials(num_splits, rows, head_dim, q.device)
+    part_o, part_lse = partials_or_out(num_splits, rows, out)
     if tiles.tma:
         # Descriptors over 2-D views; the kernel's pointer math uses the same (row, column) coordinates.
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -279,12 +221,9 @@ def launch_prefill(
         SPLIT=num_splits > 1,
         TMA=tiles.tma,
         LAZY=tiles.lazy,
-        UPCAST=dot_operands_fp32(q.dtype),
-        PRECISION=dot_precision(q.dtype),
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
-        PDL=pdl,
-        **launch_options(pdl),
+        **dot_launch_options(q.dtype, pdl),
         **({"maxnreg": tiles.maxnreg} if tiles.maxnreg else {}),
     )
     if num_splits > 1:

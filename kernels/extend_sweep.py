@@ -27,7 +27,7 @@ import torch
 from . import extend_attention as ea
 from .check_cases import attn_cost, rel_err
 from .check_gpu import measure_floors, time_us
-from .extend_prefill import PrefillTiles, prefill_splits, prefill_tiles
+from .prefill_plan import PrefillTiles, prefill_splits, prefill_tiles
 from .shapes import MODELS, Model
 
 TINY = Model("tiny", 64, 4, 2, 40, 16)

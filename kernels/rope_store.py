@@ -108,16 +108,9 @@ def rope_store(
         raise ValueError(f"qkv width {src.shape[1]} is not (num_heads + 2 * num_kv_heads) * head_dim")
     head_dim = src.shape[1] // n_rows
     check_head_dim(head_dim)
-    check_tensor("k_cache", k_cache, ndim=3, dtypes=(dtype,), device=src.device)
-    max_ctx = k_cache.shape[1]
-    if k_cache.shape != (num_kv_heads, max_ctx, head_dim):
-        raise ValueError(f"k_cache must be ({num_kv_heads}, max_ctx, {head_dim}), got {tuple(k_cache.shape)}")
-    check_tensor("v_cache", v_cache, shape=tuple(k_cache.shape), dtypes=(dtype,), device=src.device)
-    check_tensor("cos_sin_cache", cos_sin_cache, ndim=2, dtypes=(torch.float32,), device=src.device)
-    if cos_sin_cache.shape[0] < max_ctx or cos_sin_cache.shape[1] != head_dim:
-        got = tuple(cos_sin_cache.shape)
-        raise ValueError(f"cos_sin_cache must be (>= {max_ctx}, {head_dim}), got {got}")
-    check_position("positions_start", positions_start, src.device)
+    max_ctx = check_rope_caches(
+        k_cache, v_cache, cos_sin_cache, positions_start, num_kv_heads, head_dim, dtype, src.device
+    )
     out = check_out(out, (n_tok, num_heads, head_dim), dtype, src.device)
     check_pdl(pdl, src.device)
     if n_tok == 0:
@@ -142,6 +135,34 @@ def rope_store(
         **launch_options(pdl),
     )
     return out
+
+
+def check_rope_caches(
+    k_cache: object,
+    v_cache: object,
+    cos_sin: object,
+    start: object,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    cos_sin_name: str = "cos_sin_cache",
+    start_name: str = "positions_start",
+) -> int:
+    """The contract shared with the QKV GEMM's RoPE epilogue (kernels/skinny_parts.py): one slot's caches
+    (KVH, max_ctx, D) in dtype, the (>= max_ctx, D) fp32 cos/sin table and the device start position, named
+    as the caller names them. Returns max_ctx."""
+    k_cache = check_tensor("k_cache", k_cache, ndim=3, dtypes=(dtype,), device=device)
+    max_ctx = k_cache.shape[1]
+    if k_cache.shape != (num_kv_heads, max_ctx, head_dim):
+        raise ValueError(f"k_cache must be ({num_kv_heads}, max_ctx, {head_dim}), got {tuple(k_cache.shape)}")
+    check_tensor("v_cache", v_cache, shape=tuple(k_cache.shape), dtypes=(dtype,), device=device)
+    cos_sin = check_tensor(cos_sin_name, cos_sin, ndim=2, dtypes=(torch.float32,), device=device)
+    if cos_sin.shape[0] < max_ctx or cos_sin.shape[1] != head_dim:
+        raise ValueError(f"{cos_sin_name} must be (>= {max_ctx}, {head_dim}), got {tuple(cos_sin.shape)}")
+    check_position(start_name, start, device)
+    return max_ctx
 
 
 def rope_store_ref(

@@ -22,19 +22,19 @@ residual add + RMSNorm between two projections without a launch and without work
 A RopeEpilogue rotates q and k of the QKV product and stores k and v into the KV cache (kernels/
 rope_store.py without its launch). Nothing is fused before the K loop: forms that normalised x or applied
 the SwiGLU to it there kept Triton from pipelining the weight stream and were slower (docs/kernels.md).
+
+The tiles (SkinnyConfig, default_config), the grid and the split-K workspace are planned on the host in
+kernels/skinny_plan.py.
 """
 
 from __future__ import annotations
-
-import dataclasses
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .contract import FLOAT_DTYPES, check_out, check_tensor, interpreting
-from .pdl import check_pdl, launch_options, pdl_release, pdl_wait
+from .contract import FLOAT_DTYPES, check_out, check_tensor
+from .pdl import check_pdl, pdl_release, pdl_wait
 from .skinny_parts import (
     BLOCK_ROWS,
     ResidualEpilogue,
@@ -44,20 +44,10 @@ from .skinny_parts import (
     check_epilogues,
     check_rope,
 )
-from .split_kv import dot_operands_fp32, dot_precision
+from .skinny_plan import SkinnyConfig, SkinnyWorkspace, plan_grid, split_workspace
+from .split_kv import dot_launch_options
 
 MAX_M = BLOCK_ROWS  # rows of x a program holds: one tl.dot tile
-
-
-@dataclass(frozen=True)
-class SkinnyConfig:
-    """Tiles of one launch. split_k shares of K per N block; warps and stages as Triton takes them."""
-
-    block_n: int = 16
-    block_k: int = 256
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 4
 
 
 @triton.jit
@@ -166,42 +156,6 @@ def _skinny_kernel(
                   H, KVH, D, BLOCK_M, BLOCK_N, BLOCK_B)  # fmt: skip
 
 
-@dataclass(frozen=True)
-class SkinnyWorkspace:
-    """Split-K partials and arrival counters, owned by the caller so CUDA graphs see fixed addresses.
-
-    One workspace serves any number of launches in stream order (each leaves the counters at zero)."""
-
-    partials: torch.Tensor  # (max_split * MAX_M * (max_n + 64),) fp32, by program tile
-    counts: torch.Tensor  # (max_blocks,) int32
-
-    @staticmethod
-    def allocate(max_n: int, max_split: int, device: torch.device, min_block_n: int = 16) -> SkinnyWorkspace:
-        """For launches of up to max_n W rows (their tiles padded to the largest block, 64 rows)."""
-        return SkinnyWorkspace(
-            torch.empty(max_split * MAX_M * (max_n + 64), dtype=torch.float32, device=device),
-            torch.zeros(triton.cdiv(max_n, min_block_n), dtype=torch.int32, device=device),
-        )
-
-
-def default_config(m: int, n: int, k: int, device: torch.device) -> SkinnyConfig:
-    """Tiles from the shape and the SM count, as the H200 sweep (kernels/check_skinny.py) ranked them at the
-    DeepSeek-Coder shapes for M = 1, 4, 16: 32-row blocks with whole rows when they give about one program
-    per SM or more; otherwise 64-row blocks over 4 K shares (the 2048-wide 1.3B O and down projections).
-    16-row blocks and deeper splits ranked lower at every shape."""
-    if interpreting() or device.type != "cuda":
-        return SkinnyConfig(block_n=16, block_k=32, split_k=1, num_warps=4, num_stages=1)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    if triton.cdiv(n, 32) * 10 >= sms * 9 or k < 4 * 128:
-        return SkinnyConfig(block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=4)
-    return SkinnyConfig(block_n=64, block_k=128, split_k=4, num_warps=4, num_stages=4)
-
-
-def column_blocks(n: int, k: int, device: torch.device) -> int:
-    """N blocks of a launch with the default tiles: what an RmsScale after a ResidualEpilogue must name."""
-    return triton.cdiv(n, default_config(1, n, k, device).block_n)
-
-
 def skinny_gemm(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -238,31 +192,15 @@ def skinny_gemm(
     out_cols = rope.num_heads * head_dim if rope else n
     out = check_out(out, (m, out_cols), x.dtype, x.device)
     check_pdl(pdl, x.device)
-    if config is None:  # tiles as ranked for the whole matrix ([gate | up] with glu)
-        config = default_config(m, 2 * n if glu else n, k, x.device)
-    # A rope tile holds dims of one head only; block_n and head_dim are powers of two, so it divides it.
-    if rope is not None and config.block_n > head_dim:
-        config = dataclasses.replace(config, block_n=head_dim)
-    cfg = config
-    for name in ("block_n", "block_k"):
-        size = getattr(cfg, name)
-        if size < 16 or size & (size - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {size}")
-    if cfg.split_k < 1:
-        raise ValueError(f"split_k must be >= 1, got {cfg.split_k}")
-    k_per_split = triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
-    split = triton.cdiv(k, k_per_split)  # shares that hold any K at all
-    blocks = triton.cdiv(n, cfg.block_n // 2 if glu else cfg.block_n)  # a glu tile: half of it per half
-    sum_blocks = check_epilogues(x, n, residual, rms, glu, blocks)
+    grid = plan_grid(m, n, k, x.device, config, glu, head_dim if rope else None)
+    cfg, split = grid.config, grid.split
+    sum_blocks = check_epilogues(x, n, residual, rms, glu, grid.blocks)
     if split > 1:
-        if workspace is None:
-            workspace = SkinnyWorkspace.allocate(blocks * cfg.block_n, split, x.device, cfg.block_n)
-        if workspace.partials.numel() < split * m * blocks * cfg.block_n or workspace.counts.numel() < blocks:
-            raise ValueError(f"workspace too small for split_k {split}, M {m}, N {n}, {blocks} N blocks")
+        workspace = split_workspace(workspace, grid, m, n, x.device)
         part, counts = workspace.partials, workspace.counts
     else:
         part, counts = out, out  # never touched without split-K
-    _skinny_kernel[(blocks, split)](
+    _skinny_kernel[(grid.blocks, split)](
         x,
         w,
         out,
@@ -277,7 +215,7 @@ def skinny_gemm(
         m,
         n,
         k,
-        k_per_split,
+        grid.k_per_split,
         BLOCK_M=MAX_M,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
@@ -290,13 +228,10 @@ def skinny_gemm(
         H=rope.num_heads if rope else 1,
         KVH=rope.num_kv_heads if rope else 1,
         D=head_dim,
-        EVEN_K=split * k_per_split == k,
-        UPCAST=dot_operands_fp32(x.dtype),
-        PRECISION=dot_precision(x.dtype),
-        PDL=pdl,
+        EVEN_K=split * grid.k_per_split == k,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
-        **launch_options(pdl),
+        **dot_launch_options(x.dtype, pdl),
     )
     return out
 

@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .contract import FLOAT_DTYPES, check_head_dim, check_position, check_tensor
-from .rope_store import rotate_store
+from .contract import FLOAT_DTYPES, check_head_dim, check_tensor
+from .rope_store import check_rope_caches, rotate_store
 
 BLOCK_ROWS = 16  # rows of x a skinny GEMM program holds (its MAX_M): the row stride of the block sums
 
@@ -180,14 +180,8 @@ def check_rope(rope: RopeEpilogue | None, x: torch.Tensor, n: int, other_fusion:
         raise ValueError(f"w has {n} rows, not (num_heads + 2 * num_kv_heads) * head_dim for {rows} heads")
     head_dim = n // rows
     check_head_dim(head_dim)
-    check_tensor("k_cache", rope.k_cache, ndim=3, dtypes=(x.dtype,), device=x.device)
-    max_ctx = rope.k_cache.shape[1]
-    if rope.k_cache.shape != (rope.num_kv_heads, max_ctx, head_dim):
-        got = tuple(rope.k_cache.shape)
-        raise ValueError(f"k_cache must be ({rope.num_kv_heads}, max_ctx, {head_dim}), got {got}")
-    check_tensor("v_cache", rope.v_cache, shape=tuple(rope.k_cache.shape), dtypes=(x.dtype,), device=x.device)
-    check_tensor("cos_sin", rope.cos_sin, ndim=2, dtypes=(torch.float32,), device=x.device)
-    if rope.cos_sin.shape[0] < max_ctx or rope.cos_sin.shape[1] != head_dim:
-        raise ValueError(f"cos_sin must be (>= {max_ctx}, {head_dim}), got {tuple(rope.cos_sin.shape)}")
-    check_position("start", rope.start, x.device)
+    check_rope_caches(
+        rope.k_cache, rope.v_cache, rope.cos_sin, rope.start, rope.num_kv_heads, head_dim, x.dtype, x.device,
+        cos_sin_name="cos_sin", start_name="start",
+    )  # fmt: skip
     return head_dim

@@ -1,4 +1,7 @@
-"""Split-KV attention pieces shared by extend_attention and decode_attention.
+"""Split-KV attention pieces shared by extend_attention, extend_prefill and decode_attention: the device
+helpers of their kernels (key shares, partial rows and their merge), the combine kernel, and the host side
+(the launchers' common checks and options, split counts, partials). The online softmax itself is in
+online_softmax.py.
 
 The key range [0, kv_len) is cut into NUM_SPLITS shares so that a short query (one token, or a keystroke's
 few) still occupies every SM: each split runs the online softmax over its share and writes a partial
@@ -13,15 +16,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .contract import interpreting
-from .pdl import launch_options, pdl_enter
+from .contract import check_head_dim, check_kv_caches, check_out, check_position, interpreting
+from .pdl import check_pdl, launch_options, pdl_enter
 
-# Scores are kept in log2 units (exp2 is the native instruction): qk_scale = sm_scale * log2(e).
-LOG2E = 1.4426950408889634
 # Partial rows of one (token, head) sit in one combine program's registers.
 MAX_SPLITS = 64
-# Initial running max: finite, so a row whose keys are all masked gets exp2(-inf - m) = 0, not NaN.
-NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
@@ -35,16 +34,26 @@ def split_range(kv_len, split_id, num_splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def softmax_step(qk, v, m_i, l_i, acc, P_DTYPE: tl.constexpr, PRECISION: tl.constexpr):
-    """One flash-attention update. qk (M, N) fp32 in log2 units, masked keys at -inf; v (N, D)."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    # p is rounded to the cache dtype as the tensor cores take it, also where v was widened for the
-    # interpreter, so both run the same arithmetic.
-    pv = tl.dot(p.to(P_DTYPE).to(v.dtype), v, input_precision=PRECISION)
-    return m_new, l_i, acc * alpha[:, None] + pv
+def store_partial(part_o_ptr, part_lse_ptr, part_row, o, m_i, l_i, row_ok, D: tl.constexpr):
+    """One split's rows part_row (M,) of the partials: the normalised output o (M, D) and its log2-sum-exp."""
+    d = tl.arange(0, D)
+    tl.store(part_o_ptr + part_row[:, None] * D + d[None, :], o, mask=row_ok[:, None])
+    tl.store(part_lse_ptr + part_row, m_i + tl.log2(l_i), mask=row_ok)
+
+
+@triton.jit
+def merge_partials(part_o_ptr, part_lse_ptr, row, R, s_ok, D: tl.constexpr, BLOCK_S: tl.constexpr,
+                   CACHE: tl.constexpr):  # fmt: skip
+    """Row `row` of R merged from the partials of the splits in s_ok (BLOCK_S,), the ones whose share starts
+    below kv_len: (D,) fp32, all loads in flight at once; CACHE: the loads' cache modifier."""
+    part_row = tl.arange(0, BLOCK_S).to(tl.int64) * R + row  # (S,)
+    lse = tl.load(part_lse_ptr + part_row, mask=s_ok, other=float("-inf"), cache_modifier=CACHE)  # (S,)
+    w = tl.exp2(lse - tl.max(lse, 0))  # (S,); skipped splits weigh 0
+    d = tl.arange(0, D)
+    o = tl.load(
+        part_o_ptr + part_row[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0, cache_modifier=CACHE
+    )  # (S, D)
+    return tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)  # (D,)
 
 
 @triton.jit
@@ -67,15 +76,9 @@ def _combine_kernel(
     kv_len = tl.minimum(tl.load(kv_len_ptr).to(tl.int32) + kv_len_offset, max_ctx)
     _, _, chunk = split_range(kv_len, 0, num_splits, BLOCK_N)
     n_active = tl.cdiv(tl.maximum(kv_len, 1), chunk)
-    s = tl.arange(0, BLOCK_S)
-    s_ok = s < n_active
-    part_row = s.to(tl.int64) * R + row  # (S,)
-    lse = tl.load(part_lse_ptr + part_row, mask=s_ok, other=float("-inf"))  # (S,)
-    w = tl.exp2(lse - tl.max(lse, 0))  # (S,); skipped splits weigh 0
-    d = tl.arange(0, D)
-    o = tl.load(part_o_ptr + part_row[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)  # (S, D)
-    out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)  # (D,)
-    tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty))
+    s_ok = tl.arange(0, BLOCK_S) < n_active
+    out = merge_partials(part_o_ptr, part_lse_ptr, row, R, s_ok, D, BLOCK_S, "")
+    tl.store(out_ptr + row * D + tl.arange(0, D), out.to(out_ptr.dtype.element_ty))
 
 
 def dot_operands_fp32(dtype: torch.dtype) -> bool:
@@ -90,6 +93,40 @@ def dot_operands_fp32(dtype: torch.dtype) -> bool:
 def dot_precision(dtype: torch.dtype) -> str:
     # fp32 caches are the test/debug path: keep full precision there (tf32 would cost ~1e-3 relative).
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def check_attention(
+    q: torch.Tensor,
+    k_cache: object,
+    v_cache: object,
+    position_name: str,
+    position: object,
+    out: torch.Tensor | None,
+    pdl: bool,
+    n_tok: int | None = None,
+) -> tuple[int, int, torch.Tensor]:
+    """The attention launchers' common contract, once q itself is checked: its head dim, one slot's caches,
+    n_tok in 1..max_ctx (when given), the device position, `out` and pdl. Returns (KVH, max_ctx, out)."""
+    n_heads, head_dim = q.shape[-2:]
+    check_head_dim(head_dim)
+    n_kv, max_ctx = check_kv_caches(k_cache, v_cache, q, n_heads, head_dim)
+    if n_tok is not None and not 1 <= n_tok <= max_ctx:
+        raise ValueError(f"q must hold 1..max_ctx ({max_ctx}) tokens, got {n_tok}")
+    check_position(position_name, position, q.device)
+    out = check_out(out, tuple(q.shape), q.dtype, q.device)
+    check_pdl(pdl, q.device)
+    return n_kv, max_ctx, out
+
+
+def dot_launch_options(dtype: torch.dtype, pdl: bool) -> dict[str, object]:
+    """The options of a launch whose kernel takes UPCAST, PRECISION and PDL (the attention kernels, the
+    skinny GEMM): its dot operands and precision for this dtype, and PDL."""
+    return {
+        "UPCAST": dot_operands_fp32(dtype),
+        "PRECISION": dot_precision(dtype),
+        "PDL": pdl,
+        **launch_options(pdl),
+    }
 
 
 def choose_num_splits(
@@ -118,6 +155,14 @@ def alloc_partials(
         torch.empty((num_splits, rows, head_dim), dtype=torch.float32, device=device),
         torch.empty((num_splits, rows), dtype=torch.float32, device=device),
     )
+
+
+def partials_or_out(num_splits: int, rows: int, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partials of a split launch; without splits the kernel writes `out` directly and never touches the
+    partial pointers, so `out` stands in for them."""
+    if num_splits == 1:
+        return out, out
+    return alloc_partials(num_splits, rows, out.shape[-1], out.device)
 
 
 def combine_splits(

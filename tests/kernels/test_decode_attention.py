@@ -5,23 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lsp_dscoder.kernels import decode_attention as module
 from lsp_dscoder.kernels.decode_attention import decode_attention, decode_attention_ref
 from lsp_dscoder.kernels.extend_attention import extend_attention
 
-from .test_extend_attention import MAX_CTX, TOL, make_cache
+from .test_extend_attention import MAX_CTX, TOL, assert_matches, make_cache, poison_partials
 
 
 @pytest.fixture(autouse=True)
 def _poison_partials(monkeypatch: pytest.MonkeyPatch) -> None:
     """NaN split partials: rows of splits past seq_len must never reach the output."""
-    real = module.alloc_partials
-
-    def poisoned(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
-        part_o, part_lse = real(*args)
-        return part_o.fill_(float("nan")), part_lse.fill_(float("nan"))
-
-    monkeypatch.setattr(module, "alloc_partials", poisoned)
+    poison_partials(monkeypatch)
 
 
 @pytest.mark.parametrize(
@@ -40,17 +33,9 @@ def test_matches_reference(
     n_heads: int, n_kv: int, head_dim: int, seq_len: int, splits: int | None, dtype: torch.dtype
 ) -> None:
     q = torch.randn(n_heads, head_dim).to(dtype)
-    k_cache, v_cache = make_cache(n_kv, head_dim, seq_len, dtype)
+    caches = make_cache(n_kv, head_dim, seq_len, dtype)
     length = torch.tensor([seq_len], dtype=torch.int32)
-    out = torch.full_like(q, float("nan"))  # every element must be written
-    scale = head_dim**-0.5
-
-    got = decode_attention(q, k_cache, v_cache, length, scale, out=out, num_splits=splits)
-
-    atol, rtol = TOL[dtype]
-    assert got is out
-    want = decode_attention_ref(q, k_cache, v_cache, length, scale)
-    torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+    assert_matches(decode_attention, decode_attention_ref, q, caches, length, num_splits=splits)
 
 
 @pytest.mark.parametrize(

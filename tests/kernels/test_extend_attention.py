@@ -6,10 +6,12 @@ split boundaries at odd offsets.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
-from lsp_dscoder.kernels import extend_attention as module
+from lsp_dscoder.kernels import split_kv
 from lsp_dscoder.kernels.extend_attention import extend_attention, extend_attention_ref
 
 # (atol, rtol) of kernel vs the fp32 reference, per dtype.
@@ -24,14 +26,34 @@ MAX_CTX = 64
 
 
 def poison_partials(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fill the split partial buffers with NaN: rows of splits that skip must never reach the output."""
-    real = module.alloc_partials
+    """Fill the split partial buffers of every attention launcher with NaN: rows of splits that skip must
+    never reach the output."""
+    real = split_kv.alloc_partials
 
     def poisoned(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
         part_o, part_lse = real(*args)
         return part_o.fill_(float("nan")), part_lse.fill_(float("nan"))
 
-    monkeypatch.setattr(module, "alloc_partials", poisoned)
+    monkeypatch.setattr(split_kv, "alloc_partials", poisoned)
+
+
+def assert_matches(
+    kernel: Callable[..., torch.Tensor],
+    ref: Callable[..., torch.Tensor],
+    q: torch.Tensor,
+    caches: tuple[torch.Tensor, torch.Tensor],
+    position: torch.Tensor,
+    **options: object,
+) -> None:
+    """kernel into a NaN-filled out (every element must be written) against ref, within TOL of q's dtype."""
+    out = torch.full_like(q, float("nan"))
+    scale = q.shape[-1] ** -0.5
+
+    got = kernel(q, *caches, position, scale, out=out, **options)
+
+    atol, rtol = TOL[q.dtype]
+    assert got is out
+    torch.testing.assert_close(got, ref(q, *caches, position, scale), atol=atol, rtol=rtol)
 
 
 def make_cache(
@@ -71,17 +93,9 @@ def test_matches_reference(
 ) -> None:
     poison_partials(monkeypatch)
     q = torch.randn(n_tok, n_heads, head_dim).to(dtype)
-    k_cache, v_cache = make_cache(n_kv, head_dim, prefix + n_tok, dtype)
+    caches = make_cache(n_kv, head_dim, prefix + n_tok, dtype)
     start = torch.tensor([prefix], dtype=torch.int32)
-    out = torch.full_like(q, float("nan"))  # every element must be written
-    scale = head_dim**-0.5
-
-    got = extend_attention(q, k_cache, v_cache, start, scale, out=out, num_splits=splits)
-
-    atol, rtol = TOL[dtype]
-    assert got is out
-    want = extend_attention_ref(q, k_cache, v_cache, start, scale)
-    torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+    assert_matches(extend_attention, extend_attention_ref, q, caches, start, num_splits=splits)
 
 
 def test_start_is_read_on_the_device() -> None:

@@ -11,23 +11,12 @@ import pytest
 import torch
 
 from lsp_dscoder.kernels import extend_attention as ea
-from lsp_dscoder.kernels import extend_prefill as module
-from lsp_dscoder.kernels.extend_prefill import LONG_STEP, PrefillTiles, launch_prefill
+from lsp_dscoder.kernels.extend_prefill import launch_prefill
+from lsp_dscoder.kernels.prefill_plan import LONG_STEP, PrefillTiles
 
-from .test_extend_attention import TOL, make_cache
+from .test_extend_attention import TOL, assert_matches, make_cache, poison_partials
 
 SMALL = (16, 16, 4, 1)
-
-
-def poison_partials(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NaN in the split partial buffers: rows of splits that skip must never reach the output."""
-    real = module.alloc_partials
-
-    def poisoned(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
-        part_o, part_lse = real(*args)
-        return part_o.fill_(float("nan")), part_lse.fill_(float("nan"))
-
-    monkeypatch.setattr(module, "alloc_partials", poisoned)
 
 
 @pytest.mark.parametrize("tma", [False, True])
@@ -55,18 +44,13 @@ def test_matches_reference(
     poison_partials(monkeypatch)
     q = torch.randn(n_tok, n_heads, head_dim).to(dtype)
     # NaN past prefix + n_tok: a descriptor reads whole tiles there, and the kernel must not let them in.
-    k_cache, v_cache = make_cache(n_kv, head_dim, prefix + n_tok, dtype)
+    caches = make_cache(n_kv, head_dim, prefix + n_tok, dtype)
     start = torch.tensor([prefix], dtype=torch.int32)
-    out = torch.full_like(q, float("nan"))  # every element must be written, none past T
-    scale = head_dim**-0.5
     tiles = PrefillTiles(*SMALL, tma=tma)
-
-    got = ea.extend_attention(q, k_cache, v_cache, start, scale, out=out, num_splits=splits, tiles=tiles)
-
-    assert got is out
-    want = ea.extend_attention_ref(q, k_cache, v_cache, start, scale)
-    atol, rtol = TOL[dtype]
-    torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+    # A NaN-filled out: every element must be written, none past T.
+    assert_matches(
+        ea.extend_attention, ea.extend_attention_ref, q, caches, start, num_splits=splits, tiles=tiles
+    )
 
 
 @pytest.mark.parametrize("tma", [False, True])

@@ -5,13 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lsp_dscoder.kernels.skinny_gemm import (
-    MAX_M,
-    SkinnyConfig,
-    SkinnyWorkspace,
-    skinny_gemm,
-    skinny_gemm_ref,
-)
+from lsp_dscoder.kernels.skinny_gemm import MAX_M, skinny_gemm, skinny_gemm_ref
+from lsp_dscoder.kernels.skinny_plan import SkinnyConfig, SkinnyWorkspace
 
 # (atol, rtol) of kernel vs reference, per dtype. Both sum fp32 products, in different orders: K terms of
 # size |x||w| ~ 1-3 give an fp32 reordering error of a few 1e-6 of the sum. bf16 adds one rounding of the

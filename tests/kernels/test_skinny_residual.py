@@ -10,8 +10,9 @@ import torch
 
 from lsp_dscoder.kernels.rms_norm import rms_norm
 from lsp_dscoder.kernels.rope_store import rope_cos_sin, rope_store
-from lsp_dscoder.kernels.skinny_gemm import MAX_M, SkinnyConfig, skinny_gemm, skinny_gemm_ref
+from lsp_dscoder.kernels.skinny_gemm import MAX_M, skinny_gemm, skinny_gemm_ref
 from lsp_dscoder.kernels.skinny_parts import ResidualEpilogue, RmsScale, RopeEpilogue
+from lsp_dscoder.kernels.skinny_plan import SkinnyConfig
 
 EPS = 1e-6
 CASES = [
