@@ -99,7 +99,8 @@ def assemble(
     to start and was not asked for explicitly, the reference path serves (logged)."""
     fast = wants_fast_path(fast_path, device, cfg)
     if fast:  # imported here: Triton is an optional dependency, needed only on CUDA
-        from lsp_dscoder.engine.fast import BUCKETS, FastRunner
+        from lsp_dscoder.engine.fast import FastRunner
+        from lsp_dscoder.engine.fast_choices import BUCKETS
     # Spare rows: the fast path's padded buckets; the reference path's padded keys (engine/model.py).
     pad = max(BUCKETS) if fast else KEY_BLOCK if bounds_attention(device, dtype) else 0
     cache = KVCache(cfg, num_slots, max_context, device, dtype, pad=pad)

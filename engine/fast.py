@@ -5,12 +5,10 @@ extend attention (decode attention for one token), one O GEMM, residual-add + RM
 SwiGLU, one down GEMM; then the LM head on the last valid position only.
 
 Steps of at most 16 tokens (keystrokes, decode, small prefills) may run on the skinny GEMM (kernels/
-skinny_gemm.py) instead of cuBLAS, as `fused_layer` (residual adds, norms, SwiGLU, RoPE and the K/V store
-in its epilogues, kernels/skinny_parts.py: five launches a layer, six with GQA's split combine, not ten) and
-with programmatic dependent launch (kernels/pdl.py); `capture` times each candidate's graph per bucket and
-keeps the fastest ("auto": the winner depends on shape, bucket and GPU, docs/kernels.md §4). On INT4 AWQ
-weights those steps run the tensor-core kernel (kernels/awq_mma.py), whose split-K sums the next kernel
-(RoPE, a norm, the SwiGLU) takes as it reads them (kernels/split_sums.py).
+skinny_gemm.py) instead of cuBLAS, as `fused_layer` (five launches a layer, six with GQA's split combine,
+not ten) and with programmatic dependent launch: `capture` keeps the fastest per bucket (engine/
+fast_choices.py). On INT4 AWQ weights those steps run the tensor-core kernel (kernels/awq_mma.py), whose
+split-K sums the next kernel (RoPE, a norm, the SwiGLU) takes as it reads them (kernels/split_sums.py).
 
 Small steps (a keystroke, a decode step) are captured as CUDA graphs per (slot, bucket): the step's
 tokens are padded to the bucket, the start position and the index of the last real token live in device
@@ -23,54 +21,40 @@ Anything else larger runs eagerly: Triton takes the length as an argument, so no
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from lsp_dscoder.engine import warmup
 from lsp_dscoder.engine.awq import AwqLinear
-from lsp_dscoder.engine.awq_fast import PackedLinears
+from lsp_dscoder.engine.fast_buffers import ATTN_IN, MLP_IN, step_buffers
+from lsp_dscoder.engine.fast_choices import BUCKETS, bucket_choices, choice_flags, eager_choice, graph_buckets
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
-from lsp_dscoder.engine.step_graphs import (
-    AHEAD,
-    StepGraph,
-    long_prefill_buckets,
-    next_chunk,
-    part_count,
-)
+from lsp_dscoder.engine.step_graphs import AHEAD, Interrupted, StepGraph, next_chunk, part_count
 from lsp_dscoder.kernels.decode_attention import decode_attention
 from lsp_dscoder.kernels.extend_attention import extend_attention
 from lsp_dscoder.kernels.pdl import pdl_supported
 from lsp_dscoder.kernels.rms_norm import rms_norm
-from lsp_dscoder.kernels.rope_store import rope_cos_sin, rope_store
+from lsp_dscoder.kernels.rope_store import rope_store
 from lsp_dscoder.kernels.silu_mul import silu_mul
-from lsp_dscoder.kernels.skinny_gemm import MAX_M, SkinnyWorkspace, column_blocks, skinny_gemm
+from lsp_dscoder.kernels.skinny_gemm import MAX_M, skinny_gemm
 from lsp_dscoder.kernels.skinny_parts import ResidualEpilogue, RmsScale, RopeEpilogue
 from lsp_dscoder.kernels.split_sums import SplitSums
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-ATTN_IN, MLP_IN = 0, 1  # FastRunner.sums rows: before the QKV projection, before gate/up
-GEMM_CHOICES = ("auto", "cublas", "skinny")
 # What the layers pass on: the last layer's output (None before the first) and the residual stream.
 Product = torch.Tensor | SplitSums  # a GEMM's output, or its sums for the next kernel to take
 State = tuple[Product | None, torch.Tensor]
-Progress = Callable[[str, int, int], None]
-Interrupted = Callable[[], bool]  # engine/generate.py's: asked between layers of an eager forward
 
 
 class FastRunner:
     """Runner (engine/generate.py) on the fast path. `graphs=False` runs the kernels eagerly (the CPU test
-    suite does so under TRITON_INTERPRET=1). `gemm` for steps of <= MAX_M tokens: "cublas", "skinny", or
-    "auto" (the faster per graph bucket, timed in `capture`; eager steps take the skinny GEMM). `pdl`: launch
-    with programmatic dependent launch (sm_90+): always, never, or None: on the skinny path where the GPU
-    supports it, as one more graph per bucket that the timing keeps if faster. `fused_combine`: decode
-    attention merges its splits in its last program instead of a second kernel (None: without GQA).
-    `fused_residual`: on the skinny path, the layers as `fused_layer` runs them (the residual adds, norms,
-    SwiGLU and RoPE in the GEMMs' epilogues): always, never, or None: one more graph per bucket, kept if
-    faster. `parts`: each step's graph in that many parts, which a stale step stops between
-    (engine/step_graphs.py); None: by the weights' bytes."""
+    suite does so under TRITON_INTERPRET=1). Steps of <= MAX_M tokens (engine/fast_choices.py): `gemm`
+    "cublas", "skinny", or "auto" (the faster per graph bucket, timed in `capture`; eager steps take the
+    skinny GEMM); `pdl` (sm_90+) and `fused_residual` (skinny path, `fused_layer`): always, never, or
+    None: timed both ways where they apply. `fused_combine`: decode attention merges its splits in its last
+    program instead of a second kernel (None: without GQA). `parts`: each step's graph in that many parts,
+    which a stale step stops between (engine/step_graphs.py); None: by the weights' bytes."""
 
     # Set by the warm-up (engine/warmup.py): the engine thread's stream, every step's, and the graphs' pool.
     stream: torch.cuda.Stream
@@ -89,21 +73,14 @@ class FastRunner:
         parts: int | None = None,
         long_buckets: tuple[int, ...] | None = None,
     ) -> None:
-        if gemm not in GEMM_CHOICES:
-            raise ValueError(f"gemm must be one of {GEMM_CHOICES}, got {gemm!r}")
+        # The choice eager steps take; each graph is captured with its own (`_use`, `chosen`).
+        self.eager_choice = eager_choice(gemm)  # checks `gemm`
         self.model, self.cache, self.cfg = model, cache, model.cfg
         dev, cfg = model.device, model.cfg
-        # Padded buckets fit at any position (the cache's spare rows); long ones where `chunk` says.
-        padded = tuple(b for b in buckets if b <= cache.capacity - cache.max_context) if graphs else ()
-        if long_buckets is None:
-            long_buckets = long_prefill_buckets(cfg, cache.max_context, model.w.embed) if graphs else ()
-        self.long_buckets = tuple(b for b in long_buckets if b > max(padded, default=0)) if graphs else ()
-        self.buckets = (*padded, *self.long_buckets)
+        plan = graph_buckets(model, cache, buckets, long_buckets) if graphs else ((), ())
+        self.buckets, self.long_buckets = plan
         self.eager_buckets: tuple[int, ...] = ()  # longer steps without a graph: capture times them
         self.prefill_steps = self.long_buckets  # what `chunk` plans with: the long graphs, the eager steps
-        self.cos_sin = rope_cos_sin(
-            cache.capacity, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_factor, dev
-        )
         self.scale = cfg.head_dim**-0.5
         # Static inputs of every graph: token ids (padded), start position, index of the last real token.
         self.ids = torch.zeros(max(self.buckets, default=1), dtype=torch.long, device=dev)
@@ -117,29 +94,13 @@ class FastRunner:
         self.counts = {"graph_replays": 0, "eager_forwards": 0}
         self.gemm, self.pdl_option, self.fused_residual = gemm, pdl, fused_residual
         self.pdl_candidate = pdl is None and pdl_supported(dev)  # "skinny+pdl" is timed per bucket
-        # The flags read while a forward is traced or run: skinny GEMM, fused layer, PDL. Eager steps take
-        # these; each graph is captured with its choice's (`_use`).
-        self.eager_choice = "cublas" if gemm == "cublas" else "skinny"
-        self._use(self.eager_choice)
-        # bucket -> "cublas", "skinny" or "skinny" with options ("skinny+res+pdl", `_use`), filled by capture
-        self.chosen: dict[int, str] = {}
+        self._use(self.eager_choice)  # the flags read while a forward is traced or run
+        self.chosen: dict[int, str] = {}  # bucket -> choice ("skinny+res+pdl", `_use`), filled by capture
         self.graph_pool_bytes = 0  # GPU memory of the captured graphs, measured by capture
-        # The block counts of a down and an O projection's launch, and the row sums of squares per N block
-        # they leave: [ATTN_IN] for the next QKV, [MLP_IN] for gate/up.
-        c = cfg.hidden_size
-        self.sum_blocks = (column_blocks(c, cfg.intermediate_size, dev), column_blocks(c, cfg.q_size, dev))
-        self.sums = torch.zeros(2, max(self.sum_blocks) * MAX_M, dtype=torch.float32, device=dev)
-        # Decode attention's arrival counters (one per KV head): the last split merges the partials. Only
-        # without GQA by default: it merges one query head at a time (33B at 4K: 11.5 -> 22.2 us).
-        if fused_combine is None:
-            fused_combine = cfg.num_heads == cfg.num_kv_heads
-        self.attn_counts = (
-            torch.zeros(cfg.num_kv_heads, dtype=torch.int32, device=dev) if fused_combine else None
-        )
-        # Split-K partials for the widest layer matrix; one workspace serves every launch of a step.
-        widest = max(2 * cfg.intermediate_size, cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)
-        self.workspace = SkinnyWorkspace.allocate(widest, 8, dev) if gemm != "cublas" else None
-        self.packed = PackedLinears.of(model, widest)  # AWQ checkpoints: every layer matrix packed
+        # What every step reads (engine/fast_buffers.py): the rotary table, the row sums of squares the fused
+        # layer passes on, decode attention's arrival counters, the split-K workspace, packed INT4 buffers.
+        bufs = step_buffers(model, cache.capacity, gemm != "cublas", fused_combine)
+        self.cos_sin, self.sum_blocks, self.sums, self.attn_counts, self.workspace, self.packed = bufs
 
     def linear(self, x: torch.Tensor, w: torch.Tensor, packed: AwqLinear | None = None) -> Product:
         """x @ w.T for a layer matrix: the skinny GEMM for at most MAX_M rows when chosen, else cuBLAS; on
@@ -328,29 +289,13 @@ class FastRunner:
             self.packed.workspace.accum.zero_()
 
     # -- warm-up (engine/warmup.py): compile every kernel variant, capture and time the graphs --------
-    def capture(self, progress: Progress | None = None) -> None:
+    def capture(self, progress: warmup.Progress | None = None) -> None:
         warmup.capture(self, progress)
 
     def _use(self, choice: str) -> None:
-        """Set the flags the launches read for a choice: "cublas", "packed" (packed weights streamed by the
-        tensor-core kernel past MAX_M rows, engine/awq_fast.py), or "skinny" with "+res" (the fused layer)
-        and "+pdl" (programmatic launches)."""
-        parts = choice.split("+")
-        self.skinny = parts[0] == "skinny"
-        self.stream_packed = parts[0] == "packed"
-        self.residual_now = "res" in parts or (self.skinny and self.fused_residual is True)
-        self.pdl = "pdl" in parts or self.pdl_option is True
+        """Set the flags the launches read for a choice (engine/fast_choices.py)."""
+        flags = choice_flags(choice, self.fused_residual, self.pdl_option)
+        self.skinny, self.stream_packed, self.residual_now, self.pdl = flags
 
     def _choices(self, bucket: int) -> tuple[str, ...]:
-        if self.packed is not None and self.packed.streams(bucket):
-            return ("cublas", "packed")  # dequantized for cuBLAS, or the packed weights streamed
-        if bucket > MAX_M or self.gemm == "cublas":
-            return ("cublas",)
-        # Where an option is None, both ways are timed. PDL only with the skinny GEMM: a cuBLAS kernel
-        # between two Triton ones breaks the chain. Packed layers run their own kernels and no fused
-        # layer whatever the choice: only PDL is theirs to time.
-        packed = self.packed is not None
-        res = ("", "+res") if self.fused_residual is None and not packed else ("",)
-        pdl = ("", "+pdl") if self.pdl_candidate else ("",)
-        skinny = tuple(f"skinny{r}{p}" for r in res for p in pdl)
-        return ("cublas", *skinny) if self.gemm == "auto" and not packed else skinny
+        return bucket_choices(bucket, self.gemm, self.fused_residual, self.pdl_candidate, self.packed)

@@ -38,9 +38,9 @@ AHEAD = 0
 
 Interrupted = Callable[[], bool]
 
-# Prefill steps longer than the padded buckets (engine/fast.py BUCKETS), each one graph: a cold prompt in
-# a few long steps instead of 512-token ones, whose GEMMs run further from the FLOP rate. Only where such a
-# step stays short: a keystroke that supersedes it waits for the running part, and an unfinished step's
+# Prefill steps longer than the padded buckets (engine/fast_choices.py BUCKETS), each one graph: a cold
+# prompt in a few long steps instead of 512-token ones, whose GEMMs run further from the FLOP rate. Only where
+# such a step stays short: a keystroke that supersedes it waits for the running part, and an unfinished step's
 # rows are lost, so a step must end well within the time between two keystrokes. PREFILL_STEP_FLOP is
 # ~13 ms of GEMMs at an H200's ~770 TFLOP/s: 4096 tokens of the 1.3B shape, none of 6.7B's (whose
 # 512-token steps already run near its FLOP floor).

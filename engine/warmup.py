@@ -1,7 +1,8 @@
 """The fast path's warm-up (engine/fast.py): every kernel variant compiled by an eager run per bucket, the
-CUDA graphs captured per (slot, bucket) into one memory pool, each bucket's candidates (`FastRunner._choices`:
-cuBLAS or the skinny GEMM, the fused layer, PDL, packed weights streamed) timed on this GPU and the fastest
-kept, and the eager prefill steps planned from the graphs' timings (engine/step_graphs.py)."""
+CUDA graphs captured per (slot, bucket) into one memory pool, each bucket's candidates (`FastRunner._choices`,
+engine/fast_choices.py: cuBLAS or the skinny GEMM, the fused layer, PDL, packed weights streamed) timed on
+this GPU and the fastest kept, and the eager prefill steps planned from the graphs' timings (engine/
+step_graphs.py)."""
 
 from __future__ import annotations
 

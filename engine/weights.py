@@ -269,15 +269,14 @@ def random_weights(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, s
     def get(name: str) -> torch.Tensor:
         if name.endswith("norm.weight"):
             return torch.ones(shapes[name], device=device, dtype=dtype)
-        if name.endswith(("qweight", "qzeros")):  # random bits: every nibble uniform in 0..15
+        if name.endswith(("qweight", "qzeros", "scales")):  # "model.layers.N.<linear>.<part>"
             out, inp = linear_shapes(cfg)[name.split(".", 3)[3].rsplit(".", 1)[0]]
-            rows = inp if name.endswith("qweight") else inp // group
+            if name.endswith("scales"):  # (q - z) spans about +-8: 0.02 / 4.6 gives a spread near 0.02
+                return torch.full((inp // group, out), 0.02 / 4.6, dtype=torch.float16, device=device)
+            rows = inp if name.endswith("qweight") else inp // group  # random bits: nibbles uniform in 0..15
             return torch.randint(
                 -(2**31), 2**31 - 1, (rows, out // 8), device=device, generator=gen, dtype=torch.int32
             )
-        if name.endswith("scales"):  # (q - z) spans about +-8: 0.02 / 4.6 gives a spread near 0.02
-            out, inp = linear_shapes(cfg)[name.split(".", 3)[3].rsplit(".", 1)[0]]
-            return torch.full((inp // group, out), 0.02 / 4.6, dtype=torch.float16, device=device)
         t = torch.empty(shapes[name], device=device, dtype=dtype)
         return t.normal_(0.0, 0.02, generator=gen)
 

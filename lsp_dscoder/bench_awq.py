@@ -21,16 +21,8 @@ from typing import Any
 
 import torch
 
-from lsp_dscoder.bench_engine import (
-    choice_line,
-    flop_ms,
-    gemm_choice,
-    long_steps,
-    measure,
-    measure_floors,
-    start_engine,
-    steps_line,
-)
+from lsp_dscoder.bench_engine import choice_line, gemm_choice, long_steps, start_engine, steps_line
+from lsp_dscoder.bench_measure import flop_ms, measure, measure_floors
 from lsp_dscoder.engine.awq import AwqConfig
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.weights import Weights, expected_shapes, weights_from_tensors

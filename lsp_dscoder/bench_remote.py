@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from lsp_dscoder.bench_protocol import Plan, bench_server
-from lsp_dscoder.bench_report import distribution
+from lsp_dscoder.bench_report import distribution, print_head, print_row, sources
 from lsp_dscoder.bundled import default_model_path
 from lsp_dscoder.remote_llama import LlamaServer, convert
 from lsp_dscoder.remote_wire import TRACE_ENV
@@ -160,24 +160,18 @@ ROWS = (
 )
 
 
-def _cell(d: dict[str, Any]) -> str:
-    return f"{d['p50']:.2f} / {d['p90']:.2f} (n={d['n']})" if d["n"] else "n/a"
-
-
 def print_remote(report: dict[str, Any]) -> None:
     docs = report["documents"]
     print(f"\n## {report['endpoint']} (tokenizer {report['model']})")
-    print("| p50 / p90 ms | " + " | ".join(f"{d['size']} ({d['tokens']} tokens)" for d in docs) + " |")
-    print("|---|" + "---|" * len(docs))
+    print_head(docs)
     for key, name in ROWS:
-        print(f"| {name} | " + " | ".join(_cell(d["remote"][key]) for d in docs) + " |")
+        print_row(name, (d["remote"][key] for d in docs))
     for key, name in (("round_trip_ms", "bare round trip (dscoder/stats)"),
                       ("client_memory_ms", "typed through (from memory)")):  # fmt: skip
-        print(f"| {name} | " + " | ".join(_cell(d[key]) for d in docs) + " |")
+        print_row(name, (d[key] for d in docs))
     for d in docs:
-        src = ", ".join(f"{k} {v}" for k, v in d["sources"].items() if v)
         print(
-            f"{d['size']}: {d['keystrokes']} keystrokes ({src}), {d['answered']} answered, "
+            f"{d['size']}: {d['keystrokes']} keystrokes ({sources(d)}), {d['answered']} answered, "
             f"{d['errors']} errors, {d['stale']} stale; direct prompts of the same length: "
             f"{d['remote']['same_prompt_length']}"
         )

@@ -1,5 +1,6 @@
 """What `lsp-dscoder bench --protocol` reports: per document, the counts that prove the session ran as
-intended (every keystroke answered, nothing stale) and p50/p90 of each latency, client and server side."""
+intended (every keystroke answered, nothing stale) and p50/p90 of each latency, client and server side.
+The p50/p90 table's pieces serve `--backend remote`'s report too (bench_remote.py)."""
 
 from __future__ import annotations
 
@@ -112,27 +113,42 @@ def _engine_replays(w: dict[str, Any]) -> str:
     return f"; engine thread: {w['engine_replays']} replays, {w['engine_busy_ms']:.0f} ms ({share:.1f} %)"
 
 
-def _cell(d: dict[str, Any]) -> str:
+def cell(d: dict[str, Any]) -> str:
+    """A table cell of a `distribution`: p50 / p90 and the count, or "n/a" without values."""
     if not d["n"]:
         return "n/a"
     return f"{d['p50']:.2f} / {d['p90']:.2f} (n={d['n']})"
+
+
+def print_head(docs: list[dict[str, Any]]) -> None:
+    """The header of a p50 / p90 table with a column per document."""
+    print("| p50 / p90 ms | " + " | ".join(f"{d['size']} ({d['tokens']} tokens)" for d in docs) + " |")
+    print("|---|" + "---|" * len(docs))
+
+
+def print_row(name: str, cells: Iterable[dict[str, Any]]) -> None:
+    """A row of that table: one `distribution` per document."""
+    print(f"| {name} | " + " | ".join(cell(d) for d in cells) + " |")
+
+
+def sources(doc: dict[str, Any]) -> str:
+    """What answered a document's keystrokes, with the count of each (those that answered any)."""
+    return ", ".join(f"{k} {v}" for k, v in doc["sources"].items() if v)
 
 
 def print_report(report: dict[str, Any]) -> None:
     for r in report["results"]:
         docs = r["documents"]
         print(f"\n## {r['model']} ({r['device']}, {r['dtype'] or 'server default dtype'})")
-        print("| p50 / p90 ms | " + " | ".join(f"{d['size']} ({d['tokens']} tokens)" for d in docs) + " |")
-        print("|---|" + "---|" * len(docs))
+        print_head(docs)
         for key, name in ROWS:
-            print(f"| {name} | " + " | ".join(_cell(d.get(key) or {"n": 0}) for d in docs) + " |")
+            print_row(name, (d.get(key) or {"n": 0} for d in docs))
         print("| cold prompt (first request), ms | " + " | ".join(f"{d['cold_ms']:.1f}" for d in docs) + " |")
         for d in docs:
-            src = ", ".join(f"{k} {v}" for k, v in d["sources"].items() if v)
             print(
                 f"{d['size']}: {d['keystrokes']} keystrokes, {d['answered']} answered "
                 f"({d['suggestions']} with a suggestion, {d['cancelled']} cancelled, {d['errors']} errors), "
-                f"{d['stale']} stale; {d['typed_through']} typed through; sources: {src}"
+                f"{d['stale']} stale; {d['typed_through']} typed through; sources: {sources(d)}"
             )
             if (w := d.get("keep_warm")) and w["replays"]:
                 print(

@@ -25,7 +25,8 @@ from lsp_dscoder.bench import hf_config
 from lsp_dscoder.bundled import default_model_path
 from lsp_dscoder.engine import CompletionRequest, Engine, EngineConfig, SamplingParams
 from lsp_dscoder.engine.config import ModelConfig
-from lsp_dscoder.engine.fast import BUCKETS, FastRunner
+from lsp_dscoder.engine.fast import FastRunner
+from lsp_dscoder.engine.fast_choices import BUCKETS
 from lsp_dscoder.engine.kv_cache import KVCache
 from lsp_dscoder.engine.model import Transformer
 from lsp_dscoder.engine.weights import random_weights

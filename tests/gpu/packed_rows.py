@@ -18,7 +18,8 @@ import argparse
 import torch
 
 from lsp_dscoder.bench_awq import awq_weights
-from lsp_dscoder.bench_engine import prefill_steps, start_engine
+from lsp_dscoder.bench_engine import start_engine
+from lsp_dscoder.bench_measure import prefill_steps
 from lsp_dscoder.engine.awq_fast import STREAM_ROWS
 from lsp_dscoder.engine.config import ModelConfig
 from lsp_dscoder.engine.warmup import capture_one, replay_ms
@@ -26,8 +27,8 @@ from lsp_dscoder.kernels.awq_check import ROTATE_BYTES, graph_us, layer_shapes, 
 from lsp_dscoder.kernels.awq_dequant import fragment_dequant
 from lsp_dscoder.kernels.awq_fragments import fragment_pack
 from lsp_dscoder.kernels.awq_gemm import awq_gemm_ref
-from lsp_dscoder.kernels.awq_gemv import AwqWorkspace
 from lsp_dscoder.kernels.awq_mma import awq_mma
+from lsp_dscoder.kernels.awq_plan import AwqWorkspace
 
 GROUP = 128
 
