@@ -68,9 +68,10 @@ class Exchanges:
         conn = None if handle.cancelled else self.pool.take()
         if conn is not None:
             handle.attach(conn)
+            wire.clock.mark("write")
             conn.write(wire.data)
             wire.sent = len(wire.data)
-            wire.clock.mark("write")
+            wire.clock.mark("send")
         task = self.loop.create_task(self._run(handle, wire))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -147,8 +148,9 @@ class Exchanges:
                 handle.attach(conn)  # cut at once if cancelled meanwhile
                 if dog.expired:
                     raise TimeoutError
-                conn.write(wire.data)
                 wire.clock.mark("write")
+                conn.write(wire.data)
+                wire.clock.mark("send")
             try:
                 return conn, await read_head(conn.reader)
             except ConnectionResetError:

@@ -68,4 +68,4 @@ def test_bench_pairs_each_keystroke_with_the_same_request_sent_directly(
     assert remote["same_prompt_length"] == len(engine) > 0  # the replayed bodies are the ones sent
     assert remote["through_ms"]["n"] == len(engine)
     assert remote["processed_tokens"]["p50"] <= 3  # a keystroke computes its new tokens only
-    assert set(remote["stages_ms"]) >= {"encode", "response", "firstChunk", "parse"}
+    assert set(remote["stages_ms"]) >= {"encode", "write", "send", "response", "firstChunk", "parse"}
