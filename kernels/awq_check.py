@@ -71,7 +71,7 @@ def graph_us(fn: Callable[[int], object], copies: int) -> float:
 def split_for(blocks: int, parts: int, per_sm: int, cap: int = 32) -> int:
     """K shares giving about per_sm programs per SM, at most `parts` (groups, or parts of groups)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return max(1, min(cap, parts, triton.cdiv(per_sm * sms, blocks)))
+    return max(1, min(cap, parts, int(triton.cdiv(per_sm * sms, blocks))))
 
 
 def variants(m: int, n: int, k: int, group: int) -> Iterator[Tiles]:
@@ -109,7 +109,8 @@ def skinny_rows(
 ) -> None:
     packed = random_awq(n, k, group, dev)
     wbytes = sum(t.numel() * t.element_size() for t in packed)
-    rot = [packed] + [tuple(t.clone() for t in packed) for _ in range(max(2, ROTATE_BYTES // wbytes) - 1)]
+    q, z, s = packed
+    rot = [packed] + [(q.clone(), z.clone(), s.clone()) for _ in range(max(2, ROTATE_BYTES // wbytes) - 1)]
     ws = AwqWorkspace.allocate(n, dev)
     dense = awq_gemm_ref(torch.eye(k, device=dev), *packed).T.to(torch.bfloat16).contiguous()  # (N, K)
     drot = [dense] + [dense.clone() for _ in range(max(2, ROTATE_BYTES // (n * k * 2)) - 1)]
@@ -120,17 +121,28 @@ def skinny_rows(
         out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
         want = awq_gemm_ref(x, *packed).float()
         io = x.numel() * 2 + m * n * 2
-        t_sk = graph_us(lambda i, x=x: skinny_gemm(x, drot[i % len(drot)], workspace=dws), len(drot))
-        t_cb = graph_us(lambda i, x=x: x @ drot[i % len(drot)].T, len(drot))
+
+        def skinny(i: int, x: torch.Tensor = x) -> torch.Tensor:
+            return skinny_gemm(x, drot[i % len(drot)], workspace=dws)
+
+        def cublas(i: int, x: torch.Tensor = x) -> torch.Tensor:
+            return x @ drot[i % len(drot)].T
+
+        t_sk = graph_us(skinny, len(drot))
+        t_cb = graph_us(cublas, len(drot))
         for tiles in variants(m, n, k, group) if sweep else [None]:
             try:
                 if isinstance(tiles, MmaTiles) and not frags:
                     frags.extend(fragment_pack(r[0], group) for r in rot)
                 got = _call(x, 0, out, tiles, rot, frags, group, ws).float()
                 err = float((got - want).abs().max() / want.abs().max())
-                t = graph_us(
-                    lambda i, x=x, o=out, t=tiles: _call(x, i, o, t, rot, frags, group, ws), len(rot)
-                )
+
+                def launch(
+                    i: int, x: torch.Tensor = x, o: torch.Tensor = out, t: Tiles = tiles
+                ) -> torch.Tensor:
+                    return _call(x, i, o, t, rot, frags, group, ws)
+
+                t = graph_us(launch, len(rot))
             except Exception as e:  # one failing variant must not end the table
                 print(
                     f"| {model} | {mat} | {m} | {name_of(tiles)} | failed: {type(e).__name__}: {e} |||||",
@@ -175,7 +187,11 @@ def prefill_rows(model: str, mat: str, n: int, k: int, group: int, dev: torch.de
         ):
             try:
                 err = float((fn().float() - want).abs().max() / want.abs().max())
-                us = graph_us(lambda i, fn=fn: fn(), 3)
+
+                def call(i: int, fn: Callable[[], torch.Tensor] = fn) -> torch.Tensor:
+                    return fn()
+
+                us = graph_us(call, 3)
                 row.append(f"{err:.0e} {us:.0f} us {fl / us:.0f} TF/s")
             except Exception as e:  # report the variant, keep the table
                 row.append(f"{name} failed: {type(e).__name__}")

@@ -29,7 +29,7 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     got, want = got.double(), want.double()
     if not torch.isfinite(got).all():
         return math.inf
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+    return float(((got - want).norm() / want.norm().clamp_min(1e-30)).item())
 
 
 def randn(*shape: int, dev: torch.device) -> torch.Tensor:
@@ -95,9 +95,9 @@ def sums_case(m: Model, op: str, n_tok: int, dev: torch.device) -> Make:
         def read(x: torch.Tensor | SplitSums, state: list[torch.Tensor]) -> torch.Tensor:
             if op == "rmsnorm":
                 return rms_norm(x, w, 1e-6, residual=state[0])
-            return (
-                silu_mul(x) if op == "silu" else rope_store(x, cos_sin, pos, *state[1:], m.heads, m.kv_heads)
-            )
+            if op == "silu":
+                return silu_mul(x)
+            return rope_store(x, cos_sin, pos, state[1], state[2], m.heads, m.kv_heads)
 
         got: list[torch.Tensor] = []
 

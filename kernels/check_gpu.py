@@ -90,7 +90,7 @@ def replay_us(graph: torch.cuda.CUDAGraph, launches: int) -> float:
     for _ in range(max(3, math.ceil(WARM_S / one))):
         graph.replay()
     torch.cuda.synchronize()
-    times = []
+    times: list[float] = []
     for _ in range(max(15, math.ceil(TIMED_S / one))):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -105,7 +105,7 @@ def median_ms(fn: Call, reps: int = 10) -> float:
     """Median of device-event timings after warm-up (for the large, single-launch floor measurements)."""
     for _ in range(3):
         fn()
-    times = []
+    times: list[float] = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -137,6 +137,7 @@ def main() -> None:
     t_begin = time.time()
     dev = torch.device("cpu" if args.tiny else "cuda")
     models = TINY if args.tiny else MODELS
+    tokens: tuple[int, ...]
     if args.tiny:
         tokens, prefixes, max_ctx = (1, 3, 17), (0, 37), 64
     else:
@@ -242,15 +243,16 @@ def main() -> None:
     m67, m33 = models[min(1, len(models) - 1)], models[-1]
     big_t, prefix = tokens[-1], prefixes[-1]
     sweeps: list[tuple[str, Model, str, Make, tuple[float, float], tuple[int, ...] | None]] = []
+    tiles: tuple[int, ...] | None
     for tiles in ((128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4)):
-        for m, t, p in ((m67, big_t, 0), (m33, big_t, prefix)):
+        for m, t, pre in ((m67, big_t, 0), (m33, big_t, prefix)):
             sweeps.append(
                 (
                     "extend*",
                     m,
-                    f"T={t} p={p} {tiles}",
-                    attn_case(m, t, p, max_ctx, dev, False),
-                    attn_cost(m, t, p),
+                    f"T={t} p={pre} {tiles}",
+                    attn_case(m, t, pre, max_ctx, dev, False),
+                    attn_cost(m, t, pre),
                     tiles,
                 )
             )
@@ -272,7 +274,11 @@ def main() -> None:
             log(f"sweep stopped at {time.time() - t_begin:.0f} s (budget {args.budget_s:.0f} s)")
             break
         if tiles is not None and not args.tiny:  # the interpreter keeps its own small tiles
-            ea.tiles_for = lambda rows, tiles=tiles: ea.Tiles(*tiles) if rows > 64 else default_tiles(rows)
+
+            def swept_tiles(rows: int, tiles: tuple[int, ...] = tiles) -> ea.Tiles:
+                return ea.Tiles(*tiles) if rows > 64 else default_tiles(rows)
+
+            ea.tiles_for = swept_tiles
         run(op, m, shape, make, *cost)
         ea.tiles_for = default_tiles
     log(f"done in {time.time() - t_begin:.0f} s, {failures} failing case(s)")

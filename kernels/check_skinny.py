@@ -79,14 +79,14 @@ def launches(
             return skinny_gemm(a, w, out=o, config=cfg, workspace=workspace)
         return torch.matmul(a, w.T, out=o)
 
-    return [lambda w=w, o=o: one(w, o) for w, o in zip(weights, outs, strict=True)]
+    return [partial(one, w, o) for w, o in zip(weights, outs, strict=True)]
 
 
 def graph_us(launches: list[Callable[[], object]]) -> float:
     """Median microseconds per launch of one CUDA graph holding all `launches`."""
     graph = capture(launches)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
+    times: list[float] = []
     for _ in range(25):
         start.record()
         graph.replay()

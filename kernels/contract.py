@@ -73,9 +73,9 @@ def check_kv_caches(
 ) -> tuple[int, int]:
     """One slot's caches for attention: k_cache and v_cache (KVH, max_ctx, head_dim) in q's dtype and
     device, with n_heads a multiple of KVH. Returns (KVH, max_ctx)."""
-    check_tensor("k_cache", k_cache, ndim=3, dtypes=(q.dtype,), device=q.device)
-    n_kv, max_ctx, cache_dim = k_cache.shape
-    check_tensor("v_cache", v_cache, shape=tuple(k_cache.shape), dtypes=(q.dtype,), device=q.device)
+    k = check_tensor("k_cache", k_cache, ndim=3, dtypes=(q.dtype,), device=q.device)
+    n_kv, max_ctx, cache_dim = k.shape
+    check_tensor("v_cache", v_cache, shape=tuple(k.shape), dtypes=(q.dtype,), device=q.device)
     if cache_dim != head_dim:
         raise ValueError(f"k_cache head_dim {cache_dim} != q head_dim {head_dim}")
     if n_kv < 1 or n_heads % n_kv:

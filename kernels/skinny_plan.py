@@ -70,7 +70,7 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> SkinnyConfig
 
 def column_blocks(n: int, k: int, device: torch.device) -> int:
     """N blocks of a launch with the default tiles: what an RmsScale after a ResidualEpilogue must name."""
-    return triton.cdiv(n, default_config(1, n, k, device).block_n)
+    return int(triton.cdiv(n, default_config(1, n, k, device).block_n))
 
 
 def plan_grid(

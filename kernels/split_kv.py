@@ -136,7 +136,7 @@ def choose_num_splits(
 
     Aim for two programs per SM so a short query still streams the cache at full bandwidth; the interpreter
     runs programs one after another, so there one split is cheapest."""
-    limit = min(MAX_SPLITS, triton.cdiv(max_ctx, block_n))
+    limit = min(MAX_SPLITS, int(triton.cdiv(max_ctx, block_n)))
     if requested is not None:
         if not 1 <= requested <= limit:
             raise ValueError(f"num_splits must be in [1, {limit}] for max_ctx {max_ctx}, got {requested}")
@@ -144,7 +144,7 @@ def choose_num_splits(
     if device.type != "cuda" or interpreting():
         return 1
     target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(limit, triton.cdiv(target, programs)))
+    return max(1, min(limit, int(triton.cdiv(target, programs))))
 
 
 def alloc_partials(
