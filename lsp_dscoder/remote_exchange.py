@@ -68,10 +68,7 @@ class Exchanges:
         conn = None if handle.cancelled else self.pool.take()
         if conn is not None:
             handle.attach(conn)
-            wire.clock.mark("write")
-            conn.write(wire.data)
-            wire.sent = len(wire.data)
-            wire.clock.mark("send")
+            wire.send(conn)
         task = self.loop.create_task(self._run(handle, wire))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
@@ -148,9 +145,7 @@ class Exchanges:
                 handle.attach(conn)  # cut at once if cancelled meanwhile
                 if dog.expired:
                     raise TimeoutError
-                wire.clock.mark("write")
-                conn.write(wire.data)
-                wire.clock.mark("send")
+                wire.send(conn)
             try:
                 return conn, await read_head(conn.reader)
             except ConnectionResetError:

@@ -22,6 +22,7 @@ from lsp_dscoder.engine.prefix import common_prefix, out_of_vocabulary, outside,
 from lsp_dscoder.engine.tokenizer import Tokenizer
 from lsp_dscoder.remote_config import RemoteConfig
 from lsp_dscoder.remote_http import Endpoint, encode_json, request_head
+from lsp_dscoder.remote_pool import Connection
 
 TRACE_ENV = "LSP_DSCODER_REMOTE_TRACE"
 
@@ -41,15 +42,21 @@ class Stages:
 
 @dataclass
 class Wire:
-    """A request as sent: its prompt with the healed tokens, its bytes, how many went out on submit."""
+    """A request as sent: its prompt with the healed tokens, its bytes, and where its time went."""
 
     ids: array[int]
     heal_ids: list[int]
     data: bytes  # the HTTP request
     head: int  # bytes of it before the body
-    sent: int = 0
     clock: Stages = field(default_factory=Stages)
     first_timings: Mapping[str, Any] | None = None  # the endpoint's own timings in its first text chunk
+
+    def send(self, conn: Connection) -> None:
+        """Writes the request on `conn`. The send is its own stage, timed apart from ours before it ("write"):
+        on loopback the kernel delivers the bytes inside it, so the endpoint's start may run there."""
+        self.clock.mark("write")
+        conn.write(self.data)
+        self.clock.mark("send")
 
     def trace_line(self, seq: int, submitted: float, first_text: bool) -> bytes:
         head = {"seq": seq, "submitted": submitted, "stagesMs": self.clock.ms if first_text else None}
