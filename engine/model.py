@@ -31,6 +31,11 @@ KEY_BLOCK = 256
 BOUNDED_FROM = 9
 
 
+def causal_mask(t: int, start: int, end: int, device: torch.device) -> torch.Tensor:
+    """(T, end) bool: query i, at position start + i, sees the keys at positions <= start + i."""
+    return torch.ones(t, end, dtype=torch.bool, device=device).tril(diagonal=start)
+
+
 def bounds_attention(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the reference path pads attention's shapes (`bounded_shapes`): reduced precision on the CPU."""
     return device.type == "cpu" and dtype != torch.float32
@@ -47,7 +52,7 @@ def bounded_shapes(
     p = 1 << (t - 1).bit_length()
     e = min(-(-end // KEY_BLOCK) * KEY_BLOCK, capacity)
     mask = torch.zeros(p, e, dtype=torch.bool, device=device)
-    mask[:t, :end] = torch.ones(t, end, dtype=torch.bool, device=device).tril(diagonal=start)
+    mask[:t, :end] = causal_mask(t, start, end, device)
     mask[t:] = mask[t - 1]
     return e, mask
 
@@ -108,7 +113,7 @@ class Transformer:
             keys_end, mask = bounded_shapes(t, start, end, cache.capacity, self.device)
             pad_rows = mask.shape[0] - t
         elif t > 1:
-            mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(diagonal=start)  # (T, S)
+            mask = causal_mask(t, start, end, self.device)  # (T, S)
         h = w.embed[ids]  # (T, C)
         for n, layer in enumerate(w.layers):
             if n and interrupted is not None and interrupted():
