@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,10 @@ class CompletionRequest:
     slot_key: str | None = None
     deadline: float | None = None
     heal_text: str = ""  # text the completion must start with, left out of its text (token healing)
+    # Called on the producing thread with each event before any consumer can see it; returns True when
+    # it has delivered the event's text itself (then the producer does not wait for a consumer to take
+    # the first visible text: CompletionHandle.HANDOVER_S). It must be quick and must not raise.
+    observer: Callable[[TokenEvent], bool] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

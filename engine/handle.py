@@ -76,10 +76,14 @@ class CompletionHandle:
         result: Completion | None = None,
         error: EngineError | None = None,
     ) -> None:
+        delivered = event is not None and self._observe(event)
         taken = None
         with self._cond:
             if event is not None:
                 self._events.append(event)
+                if delivered and self._handover is None:  # its text is out: nothing to hand over
+                    self._handover = threading.Event()
+                    self._handover.set()
                 if event.text and self._handover is None and self._wakers:
                     self._handover = taken = threading.Event()
             if result is not None or error is not None:
@@ -98,6 +102,11 @@ class CompletionHandle:
         # request, briefly) until the consumer has taken the text. Never on the consumer's own thread.
         if taken is not None and self._consumer_thread != threading.get_ident():
             taken.wait(self.HANDOVER_S)
+
+    def _observe(self, event: TokenEvent) -> bool:
+        """The request's observer, told of `event` before a consumer can see it."""
+        observer = self.request.observer
+        return observer is not None and observer(event)
 
     # -- consumer side -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[TokenEvent]:

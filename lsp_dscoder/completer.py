@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from lsp_dscoder.documents import Splice
 from lsp_dscoder.engine_host import EngineHost
+from lsp_dscoder.first_text import FirstText
 from lsp_dscoder.postprocess import CursorContext, Shaper
 from lsp_dscoder.prompt import Budgets, ContextFile, Prompt, PromptBuilder
 from lsp_dscoder.session import DocumentSession, Generation, Subscriber
@@ -136,7 +137,12 @@ class Completer:
         shaper.first_line_ready(0)
 
     def _request(
-        self, snap: Snapshot, prompt: Prompt, ctx: CursorContext, deadline: float | None
+        self,
+        snap: Snapshot,
+        prompt: Prompt,
+        ctx: CursorContext,
+        deadline: float | None,
+        observer: FirstText | None = None,
     ) -> CompletionRequest:
         """The engine request for `prompt`: a cursor inside a line's text completes that line only."""
         stop = ("\n",) if ctx.single_line else ()
@@ -147,6 +153,7 @@ class Completer:
             slot_key=snap.uri,
             deadline=deadline,
             heal_text=prompt.heal_text,
+            observer=observer,
         )
 
     def anticipate(self, uri: str, snapshot: Callable[[], Snapshot]) -> None:
@@ -201,15 +208,18 @@ class Completer:
             self.stats.counts["edit_starts_unclaimed"] += 1
             gen.cancel()
 
-    def begin(self, snap: Snapshot, request_id: Any, send_partial: SendPartial) -> Started:
+    def begin(
+        self, snap: Snapshot, request_id: Any, send_partial: SendPartial, any_thread: bool = False
+    ) -> Started:
         """Start answering `snap` now (typing through, latest wins, the prompt and the engine's submit run
-        before this returns); the returned `Started` is awaited for the suggestion."""
+        before this returns); the returned `Started` is awaited for the suggestion. `any_thread`:
+        `send_partial` may be called from the engine's thread (first_text.py)."""
         record = self.stats.begin(request_id, snap.uri, snap.version)
         session = self.sessions.get(snap.uri)
         if session is None:  # not setdefault: it would build a session on every keystroke
             session = self.sessions[snap.uri] = DocumentSession(snap.uri)
         session.latest, session.asked = request_id, record.started
-        sub = Subscriber(request_id, snap.version, 0, send_partial, record)
+        sub = Subscriber(request_id, snap.version, 0, send_partial, record, any_thread)
         gen = session.generation
         if gen is not None and gen.record is None and gen.answers(snap.text, snap.version, snap.cursor):
             self.stats.counts["edit_starts_taken"] += 1
@@ -232,7 +242,7 @@ class Completer:
     def _started(
         self, session: DocumentSession, snap: Snapshot, record: RequestRecord, sub: Subscriber
     ) -> Started:
-        gen = self._start(session, snap, record)
+        gen = self._start(session, snap, record, sub)
         if gen is None:
             return Started(record)
         gen.subscribe(sub)
@@ -248,10 +258,15 @@ class Completer:
         return self._started(session, snap, record, sub)
 
     def _start(
-        self, session: DocumentSession, snap: Snapshot, record: RequestRecord | None
+        self,
+        session: DocumentSession,
+        snap: Snapshot,
+        record: RequestRecord | None,
+        sub: Subscriber | None = None,
     ) -> Generation | None:
         """Build the prompt and submit it: the generation for `record`'s request, or for an edit when
-        `record` is None (then an error is only logged at debug level: the request will meet it)."""
+        `record` is None (then an error is only logged at debug level: the request will meet it). `sub`,
+        the request's subscriber, may get the first text from the engine's thread (first_text.py)."""
         started = time.monotonic()
         name = "edit" if record is None else f"request {record.request_id}"
         try:
@@ -270,7 +285,7 @@ class Completer:
         s = self.settings
         deadline = None if s.deadline_ms is None else time.monotonic() + s.deadline_ms / 1000.0
         try:
-            handle = self.host.submit(self._request(snap, prompt, ctx, deadline))
+            handle = self.host.submit(self._request(snap, prompt, ctx, deadline, FirstText(ctx, sub)))
         except self.host.engine_errors as exc:
             return self._failed(record, f"{name} not submitted: {exc}", quiet=getattr(exc, "reported", False))
         gen = Generation(

@@ -156,6 +156,11 @@ class DocumentProtocol(DscoderProtocol):
 
             future.add_done_callback(forget)
 
+    @property
+    def writes_from_any_thread(self) -> bool:
+        """Whether `notify_json` may be called from a thread other than the event loop's."""
+        return bool(getattr(self.writer, "any_thread", False))
+
     def notify_json(self, method: str, params: dict[str, Any]) -> None:
         """A notification whose params are plain JSON values, written as one message without pygls'
         structuring: `dscoder/partialCompletion` goes out for every change of the visible text."""

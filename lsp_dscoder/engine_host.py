@@ -19,7 +19,7 @@ from lsp_dscoder.backend import Backend, Handle
 from lsp_dscoder.settings import BackendKind, Settings
 
 if TYPE_CHECKING:
-    from lsp_dscoder.engine.api import CompletionRequest
+    from lsp_dscoder.engine.api import CompletionRequest, TokenEvent
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,7 @@ class EngineHost:
         slot_key: str,
         deadline: float | None = None,
         heal_text: str = "",
+        observer: Callable[[TokenEvent], bool] | None = None,
     ) -> CompletionRequest:
         """An engine request for the loaded backend (for `submit`, or `validate`)."""
         from lsp_dscoder import engine as api  # already imported by the load
@@ -159,6 +160,7 @@ class EngineHost:
             slot_key=slot_key,
             deadline=deadline,
             heal_text=heal_text,
+            observer=observer,
         )
 
     def submit(self, request: CompletionRequest) -> Handle:

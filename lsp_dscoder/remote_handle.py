@@ -43,6 +43,8 @@ class RemoteHandle(CompletionHandle):
 
     def publish_events(self, events: list[TokenEvent]) -> None:
         """Several events at once, with one wake-up of the consumer."""
+        for event in events[:-1]:
+            self._observe(event)
         with self._cond:
             self._events.extend(events[:-1])
         self._publish(event=events[-1])

@@ -70,7 +70,8 @@ def _begin(ls: DscoderServer, uri: str, position: types.Position) -> _Begun | No
         params = {"requestId": request_id, "uri": uri, "version": snap.version, "position": where}
         ls.protocol.notify_json(PARTIAL_COMPLETION, {**params, "text": text, "done": done})
 
-    return _Begun(doc, snap, at, ls.completer.begin(snap, request_id, send_partial))
+    any_thread = ls.protocol.writes_from_any_thread
+    return _Begun(doc, snap, at, ls.completer.begin(snap, request_id, send_partial, any_thread))
 
 
 async def _suggestion(ls: DscoderServer, begun: _Begun | None) -> Found | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,18 +34,43 @@ def _future() -> asyncio.Future[str | None]:
 
 @dataclass(eq=False)
 class Subscriber:
+    """A request listening to a generation. Its partials go out on the event loop, except the first one
+    when `FirstText` sends it from the engine's thread: the lock orders the two."""
+
     request_id: Any
     version: int | None
     skip: int  # characters of the suggestion already in the document when this request came
     send_partial: Callable[[str, bool], None]
     record: RequestRecord
+    any_thread: bool = False  # send_partial may be called from any thread
     future: asyncio.Future[str | None] = field(default_factory=_future)
     sent: str | None = None
+    open: bool = True  # not answered yet: partials may still go out
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def answer(self, text: str | None, outcome: Outcome) -> None:
+        with self.lock:  # no partial from another thread after this
+            self.open = False
         if not self.future.done():
             self.future.set_result(text)
             self.record.responded(outcome)
+
+    def show(self, text: str, done: bool) -> None:
+        with self.lock:
+            self.sent = text
+            self.send_partial(text, done)
+        self.record.partial_sent()
+
+    def show_first(self, text: str) -> bool:
+        """The suggestion's first visible text, from the thread that produced it: sent unless the request
+        was answered or something was sent already. Returns whether it was sent."""
+        with self.lock:
+            if not self.open or self.sent is not None:
+                return False
+            self.sent = text
+            self.send_partial(text, False)
+        self.record.partial_sent(early=True)
+        return True
 
 
 class Generation:
@@ -202,10 +228,10 @@ class Generation:
     def _update(self, sub: Subscriber) -> None:
         text = self.shaper.text[sub.skip :]
         done = self.shaper.done
-        if text != (sub.sent or "") or done:  # nothing to show yet: no partial
-            sub.sent = text
-            sub.send_partial(text, done)
-            sub.record.partial_sent()
+        # The suggestion only grows, and the first text may have gone out from the engine's thread before
+        # this shaper reached it (first_text.py): only more text, or the end, is news.
+        if len(text) > len(sub.sent or "") or done:
+            sub.show(text, done)
         if not sub.future.done():
             if self.mode is ResponseMode.FIRST_LINE:
                 ready = self.shaper.first_line_ready(sub.skip)

@@ -58,6 +58,7 @@ class RequestRecord:
         self.source = Source.NONE
         self.outcome: Outcome | None = None
         self.first_partial_s: float | None = None
+        self.first_partial_early = False  # sent from the engine's thread (first_text.py)
         self.response_s: float | None = None
         self.prompt_s: float | None = None  # building the prompt
         self.early_s: float | None = None  # its suggestion was started from its didChange this much before
@@ -66,9 +67,11 @@ class RequestRecord:
         self._engine_done = False
         self._logged = False
 
-    def partial_sent(self) -> None:
+    def partial_sent(self, early: bool = False) -> None:
+        """A partial went out; `early`: from the engine's thread, before the event loop had the text."""
         if self.first_partial_s is None:
             self.first_partial_s = self._stats.clock() - self.started
+            self.first_partial_early = early
 
     def responded(self, outcome: Outcome) -> None:
         if self.outcome is None:
@@ -100,6 +103,7 @@ class RequestRecord:
             "source": self.source.value,
             "outcome": self.outcome.value if self.outcome else None,
             "firstPartialMs": _ms(self.first_partial_s),
+            "firstPartialEarly": self.first_partial_early if self.first_partial_s is not None else None,
             "responseMs": _ms(self.response_s),
             "promptMs": _ms(self.prompt_s),
             "earlyMs": _ms(self.early_s),
@@ -122,7 +126,8 @@ class RequestRecord:
         """The request's log line; `d` is its `as_dict()` when the caller has it already."""
         d = self.as_dict() if d is None else d
         keys = (
-            *("source", "outcome", "firstPartialMs", "promptMs", "earlyMs", "queueMs", "engineTtftMs"),
+            *("source", "outcome", "firstPartialMs", "firstPartialEarly", "promptMs", "earlyMs", "queueMs"),
+            "engineTtftMs",
             "engineTextMs",
             "responseMs",
             *("promptTokens", "reusedTokens", "prefilledTokens", "generatedTokens", "decodeTokensPerS"),
@@ -130,7 +135,8 @@ class RequestRecord:
             *("stopReason", "stopRule"),
         )
         quiet = {"draftedTokens", "acceptedTokens"}  # 0 on most requests (no drafts): left out then
-        fields = " ".join(f"{k}={d[k]}" for k in keys if d[k] is not None and not (k in quiet and d[k] == 0))
+        shown = ((k, d[k]) for k in keys if d[k] is not None and not (k in quiet and d[k] == 0))
+        fields = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in shown)
         return f"request id={self.request_id} uri={self.uri} v={self.version} {fields}"
 
 
@@ -156,6 +162,8 @@ class Stats:
         self.counts["requests"] += 1
         self.counts[f"source_{d['source']}"] += 1
         self.counts[f"outcome_{d['outcome']}"] += 1
+        if d["firstPartialEarly"]:
+            self.counts["first_partials_early"] += 1
         for key in ("promptTokens", "reusedTokens", "prefilledTokens", "generatedTokens"):
             self.tokens[key] += d[key] or 0
         if d["firstPartialMs"] is not None:

@@ -15,6 +15,7 @@ caller ends the process once it has cleaned up).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
@@ -116,34 +117,44 @@ class Dispatcher:
 
 
 class PipeWriter:
-    """Writes each message to a file descriptor at once: no buffer, no hop to another thread. When the
-    reader has gone (EPIPE), writing stops quietly and `lost()` is called once."""
+    """Writes each message to a file descriptor at once: no buffer, no hop to another thread. Any thread
+    may write (a suggestion's first text goes out from the engine's: first_text.py); a lock keeps each
+    message whole. When the reader has gone (EPIPE), writing stops quietly and `lost()` is called once,
+    from whichever thread found it."""
+
+    any_thread = True
 
     def __init__(self, fd: int, lost: Callable[[], None]) -> None:
         self._fd = fd
         self._lost = lost
         self._closed = False
+        self._lock = threading.Lock()
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
-        while view and not self._closed:
-            try:
-                view = view[os.write(self._fd, view) :]
-            except BlockingIOError:  # a terminal shared with non-blocking stdin
-                select.select([], [self._fd], [])
-            except OSError as exc:
-                log.info("the client stopped reading (%s): stopping", exc.strerror)
-                self._closed = True
-                self._lost()
+        with self._lock:
+            while view and not self._closed:
+                try:
+                    view = view[os.write(self._fd, view) :]
+                except BlockingIOError:  # a terminal shared with non-blocking stdin
+                    select.select([], [self._fd], [])
+                except OSError as exc:
+                    log.info("the client stopped reading (%s): stopping", exc.strerror)
+                    self._closed = True
+                    self._lost()
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            os.close(self._fd)
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self._fd)
 
 
 class SocketWriter:
-    """pygls' writer interface on an asyncio transport; writes after the client left are dropped."""
+    """pygls' writer interface on an asyncio transport (the event loop's thread only); writes after the
+    client left are dropped."""
+
+    any_thread = False
 
     def __init__(self, transport: asyncio.WriteTransport) -> None:
         self._transport = transport
@@ -212,7 +223,12 @@ def serve_stdio(server: JsonRPCServer, stdin: BinaryIO, stdout_fd: int, seen: Se
     async def main() -> None:
         done: asyncio.Future[None] = loop.create_future()
         wire = Wire(Dispatcher(server, seen), done, tcp=False)
-        server.protocol.set_writer(PipeWriter(stdout_fd, wire.end))
+
+        def lost() -> None:  # found by a write on any thread: the wire ends on the loop's
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody left to tell
+                loop.call_soon_threadsafe(wire.end)
+
+        server.protocol.set_writer(PipeWriter(stdout_fd, lost))
         fd = stdin.fileno()
         was_blocking = os.get_blocking(fd)
         pump: asyncio.Future[None] | None = None  # held: the loop keeps only a weak reference to tasks

@@ -234,3 +234,16 @@ async def test_first_line_mode_answers_at_the_first_line(editor):
             assert later and later[-1]["done"]  # decoding went on after the response
     finally:
         configure("full", 192)
+
+
+async def test_the_first_partial_leaves_from_the_engine_thread_over_stdio(editor):
+    doc = editor.open("file:///work/first_text.py", BODY)
+    request = editor.inline(doc, LINE, COLUMN)
+    first = await editor.first_partial(request)
+    result = await request.result()
+    record = await editor.record(request)
+    assert (record["source"], record["firstPartialEarly"]) == ("engine", True)
+    assert first["done"] is False and first["text"] and result.items[0].insert_text.startswith(first["text"])
+    texts = [p["text"] for p in editor.partials(request)]
+    assert all(b.startswith(a) and len(b) >= len(a) for a, b in itertools.pairwise(texts))  # only grows
+    assert len(set(texts[:-1])) == len(texts) - 1  # each text once (the last may repeat with done)
