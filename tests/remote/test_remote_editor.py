@@ -71,6 +71,7 @@ async def test_streamed_suggestion_is_what_llama_server_generates(
     assert shaper.finish() == final != ""
     record = await editor.record(request)
     assert (record["source"], record["outcome"], record["promptTokens"]) == ("engine", "ok", len(ids))
+    assert record["firstPartialEarly"] is True  # written as its chunk was parsed (first_text.py)
 
 
 async def test_typing_through_from_memory_then_the_prompt_cache_on_the_next_keystroke(editor: Editor):
