@@ -13,7 +13,7 @@ from lsp_dscoder.first_text import FirstText
 from lsp_dscoder.postprocess import CursorContext, Shaper
 from lsp_dscoder.session import Generation, Subscriber
 from lsp_dscoder.settings import ResponseMode
-from lsp_dscoder.stats import Outcome, Stats
+from lsp_dscoder.stats import Stats
 
 DOC = "def f(x):\n    \n"
 CURSOR = DOC.index("\n    \n") + 5
