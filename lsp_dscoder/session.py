@@ -59,7 +59,7 @@ class Subscriber:
         with self.lock:
             self.sent = text
             self.send_partial(text, done)
-        self.record.partial_sent()
+            self.record.partial_sent()
 
     def show_first(self, text: str) -> bool:
         """The suggestion's first visible text, from the thread that produced it: sent unless the request
@@ -69,7 +69,7 @@ class Subscriber:
                 return False
             self.sent = text
             self.send_partial(text, False)
-        self.record.partial_sent(early=True)
+            self.record.partial_sent(early=True)  # before an answer can log the record
         return True
 
 
