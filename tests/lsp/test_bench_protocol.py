@@ -59,7 +59,7 @@ def test_protocol_bench_answers_every_keystroke(tiny_model: Path, delay_ms: int)
 
 
 def test_client_reads_the_servers_request_log_line() -> None:
-    clock = iter([10.0, 10.002, 10.004]).__next__
+    clock = iter([10.0, 10.002, 10.004, 11.0, 11.001]).__next__
     stats = Stats(clock=clock)
     record = stats.begin(42, "file:///a.py", 7)
     record.source = Source.MEMORY
@@ -70,6 +70,10 @@ def test_client_reads_the_servers_request_log_line() -> None:
     assert parsed["id"] == 42 and parsed["uri"] == "file:///a.py" and parsed["v"] == 7
     assert parsed["source"] == "memory" and parsed["outcome"] == "ok"
     assert parsed["firstPartialMs"] == pytest.approx(2.0) and parsed["responseMs"] == pytest.approx(4.0)
+    assert parsed["firstPartialEarly"] is False  # JSON's false in the line, read back as a bool
+    early = stats.begin(43, "file:///a.py", 8)
+    early.partial_sent(early=True)
+    assert parse_record(early.log_line())["firstPartialEarly"] is True
     assert parse_record("INFO lsp_dscoder.protocol: load: ready 1/1") is None
 
 
