@@ -81,11 +81,12 @@ class CompletionHandle:
         with self._cond:
             if event is not None:
                 self._events.append(event)
-                if delivered and self._handover is None:  # its text is out: nothing to hand over
+                if event.text and self._handover is None and (self._wakers or delivered):
                     self._handover = threading.Event()
-                    self._handover.set()
-                if event.text and self._handover is None and self._wakers:
-                    self._handover = taken = threading.Event()
+                    if delivered:  # the observer sent its text: nothing to hand over
+                        self._handover.set()
+                    else:
+                        taken = self._handover
             if result is not None or error is not None:
                 self._result, self._error, self._done = result, error, True
             self._cond.notify_all()

@@ -73,7 +73,6 @@ def summarize(
         "typed_through": sum(k.through for k in keys),
         # engine keystrokes whose first partial went out from the engine's thread (first_text.py)
         "early_partials": sum(1 for _, r in engine if r.get("firstPartialEarly") is True),
-        "engine_keystrokes": len(engine),
         "sources": {s: source.count(s) for s in ("engine", "memory", "none", "missing")},
         "cold_ms": _ms((cold.first_read or cold.written) - cold.written),
         "cold_record": client.records.get(cold.id),
@@ -152,8 +151,8 @@ def print_report(report: dict[str, Any]) -> None:
                 f"{d['size']}: {d['keystrokes']} keystrokes, {d['answered']} answered "
                 f"({d['suggestions']} with a suggestion, {d['cancelled']} cancelled, {d['errors']} errors), "
                 f"{d['stale']} stale; {d['typed_through']} typed through; sources: {sources(d)}; "
-                f"first partial from the engine's thread: {d.get('early_partials', 0)} of "
-                f"{d.get('engine_keystrokes', 0)} engine keystrokes"
+                f"first partial from the engine's thread: {d['early_partials']} of "
+                f"{d['sources']['engine']} engine keystrokes"
             )
             if (w := d.get("keep_warm")) and w["replays"]:
                 print(

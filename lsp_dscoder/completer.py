@@ -285,7 +285,7 @@ class Completer:
         s = self.settings
         deadline = None if s.deadline_ms is None else time.monotonic() + s.deadline_ms / 1000.0
         try:
-            handle = self.host.submit(self._request(snap, prompt, ctx, deadline, FirstText(ctx, sub)))
+            handle = self.host.submit(self._request(snap, prompt, ctx, deadline, FirstText.of(ctx, sub)))
         except self.host.engine_errors as exc:
             return self._failed(record, f"{name} not submitted: {exc}", quiet=getattr(exc, "reported", False))
         gen = Generation(

@@ -26,9 +26,15 @@ if TYPE_CHECKING:
 class FirstText:
     """A request's observer: sends the first visible text of its suggestion (once), on the caller's thread."""
 
-    def __init__(self, ctx: CursorContext, sub: Subscriber | None) -> None:
+    def __init__(self, ctx: CursorContext, sub: Subscriber) -> None:
         self._shaper: Shaper | None = Shaper(ctx)  # the producer's own: the loop's is the generation's
-        self._sub = sub if sub is not None and sub.any_thread else None
+        self._sub = sub
+
+    @classmethod
+    def of(cls, ctx: CursorContext, sub: Subscriber | None) -> FirstText | None:
+        """The observer for `sub`'s request, or None where it could not send (no subscriber yet, or one
+        whose partials must go out on the event loop): then the engine's thread shapes nothing."""
+        return cls(ctx, sub) if sub is not None and sub.any_thread else None
 
     def __call__(self, event: TokenEvent) -> bool:
         shaper = self._shaper
@@ -38,7 +44,6 @@ class FirstText:
         if not shaper.text and not shaper.stopped:
             return False  # nothing to show yet
         self._shaper = None  # one chance: after the first text the loop sends everything
-        # Stopped at once: the loop sends the text with `done`. No subscriber: the loop does it all.
-        if self._sub is None or shaper.stopped:
+        if shaper.stopped:  # complete at once: the loop sends it with `done`
             return False
         return self._sub.show_first(shaper.text)

@@ -57,9 +57,7 @@ class Subscriber:
 
     def show(self, text: str, done: bool) -> None:
         with self.lock:
-            self.sent = text
-            self.send_partial(text, done)
-            self.record.partial_sent()
+            self._send(text, done, early=False)
 
     def show_first(self, text: str) -> bool:
         """The suggestion's first visible text, from the thread that produced it: sent unless the request
@@ -67,10 +65,14 @@ class Subscriber:
         with self.lock:
             if not self.open or self.sent is not None:
                 return False
-            self.sent = text
-            self.send_partial(text, False)
-            self.record.partial_sent(early=True)  # before an answer can log the record
+            self._send(text, False, early=True)
         return True
+
+    def _send(self, text: str, done: bool, early: bool) -> None:
+        """Under `lock`: the partial, and its stamp before an answer can log the record."""
+        self.sent = text
+        self.send_partial(text, done)
+        self.record.partial_sent(early)
 
 
 class Generation:

@@ -30,7 +30,7 @@ def subscriber(stats: Stats, partials: Partials, any_thread: bool = True) -> Sub
 def begin(sub: Subscriber, text: str = DOC, cursor: int = CURSOR) -> tuple[Generation, CompletionHandle]:
     """What Completer._start does: the observer goes with the request, then the generation subscribes."""
     ctx = CursorContext.at(text, cursor)
-    handle = CompletionHandle(CompletionRequest(prompt_ids=[1], observer=FirstText(ctx, sub)))
+    handle = CompletionHandle(CompletionRequest(prompt_ids=[1], observer=FirstText.of(ctx, sub)))
     gen = Generation(
         handle, Shaper(ctx), text=text, cursor=cursor, mode=ResponseMode.FULL, on_done=lambda *_: None
     )
