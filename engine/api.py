@@ -116,6 +116,9 @@ class CompletionStats:
     # engine/lookup.py), and those the model agreed with: generated without a step of their own
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    # of queue_s, the time until the request before this one stopped (a generation still running at the
+    # submit, told to stop by the keystroke that sent this one); None when the engine was idle
+    stopping_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)

@@ -26,6 +26,7 @@ ROWS = (
     ("engine_ttft_ms", "engine TTFT (first sampled token)"),
     ("engine_text_ms", "engine first visible text"),
     ("queue_ms", "engine queue (submit to generation start)"),
+    ("stopping_ms", "of it, waiting for a running generation to stop"),
     ("early_ms", "engine request sent from the didChange: ms before the request"),
     ("client_minus_text_ms", "client first partial - engine first text (our path)"),
     ("client_minus_server_ms", "client - server firstPartial (pipes, framing, edit)"),
@@ -83,6 +84,7 @@ def summarize(
         "engine_ttft_ms": distribution(r.get("engineTtftMs") for _, r in engine),
         "engine_text_ms": distribution(r.get("engineTextMs") for _, r in engine),
         "queue_ms": distribution(r.get("queueMs") for _, r in engine),
+        "stopping_ms": distribution(r.get("stoppingMs") for _, r in engine),
         "early_ms": distribution(r.get("earlyMs") for _, r in engine),
         # The engine's own part is generation start -> first visible text; everything else the user
         # waited for is ours: pipes, framing, the edit, prompt, submit (queue included), the hop back, write.

@@ -108,6 +108,7 @@ class RequestRecord:
             "promptMs": _ms(self.prompt_s),
             "earlyMs": _ms(self.early_s),
             "queueMs": None if e is None else _ms(e.queue_s),
+            "stoppingMs": None if e is None else _ms(e.stopping_s),
             "engineTtftMs": None if e is None else _ms(e.ttft_s),
             "engineTextMs": None if e is None else _ms(e.text_s),
             "promptTokens": None if e is None else e.prompt_tokens,
@@ -127,7 +128,7 @@ class RequestRecord:
         d = self.as_dict() if d is None else d
         keys = (
             *("source", "outcome", "firstPartialMs", "firstPartialEarly", "promptMs", "earlyMs", "queueMs"),
-            "engineTtftMs",
+            *("stoppingMs", "engineTtftMs"),
             "engineTextMs",
             "responseMs",
             *("promptTokens", "reusedTokens", "prefilledTokens", "generatedTokens", "decodeTokensPerS"),

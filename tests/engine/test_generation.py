@@ -4,6 +4,7 @@ prefix reuse, typing through, cancellation, stop conditions, streaming."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from lsp_dscoder.engine import (
     EngineConfig,
     SamplingParams,
     StopReason,
+    TokenEvent,
 )
 from lsp_dscoder.engine.engine import ReferenceRunner
 from lsp_dscoder.engine.generate import generate
@@ -147,6 +149,32 @@ def test_cancel_through_engine_and_engine_keeps_serving(engine: Engine) -> None:
     done = handle.result(timeout=60)
     assert done.stats.stop_reason is StopReason.CANCELLED
     assert engine.complete(req(prompt, max_tokens=2)).stats.generated_tokens in (1, 2)
+
+
+def test_a_stopped_request_is_published_once_the_next_one_shows_text(engine: Engine) -> None:
+    """The keystroke that stops a running suggestion sends the next request: the stopped one's result
+    waits until that request's first text is out (its consumer would otherwise take the interpreter first),
+    and the wait for the stop is counted apart in the next request's queue time."""
+    shows = fim_prompt(engine, "s = '你好😀", "'\n")
+    assert engine.complete(req(shows, max_tokens=15)).text  # this prompt's suggestion shows text
+    idle = engine.complete(req(shows, max_tokens=15))
+    assert idle.stats.stopping_s is None  # submitted to an idle engine
+    running = engine.submit(req(fim_prompt(engine, "while True:\n", ""), max_tokens=400))
+    next(iter(running))  # it is generating
+    stopped_when_text: list[bool] = []
+
+    def observer(event: TokenEvent) -> bool:
+        if event.text and not stopped_when_text:
+            stopped_when_text.append(running.done)
+        return False
+
+    queued = engine.submit(dataclasses.replace(req(shows, max_tokens=15), observer=observer))
+    running.cancel()
+    done = queued.result(timeout=60)
+    assert running.result(timeout=60).stats.stop_reason is StopReason.CANCELLED
+    assert stopped_when_text == [False]
+    assert done.text == idle.text
+    assert done.stats.stopping_s is not None and 0 < done.stats.stopping_s < done.stats.queue_s
 
 
 def test_stop_conditions(engine: Engine) -> None:

@@ -49,7 +49,11 @@ def test_protocol_bench_answers_every_keystroke(tiny_model: Path, delay_ms: int)
     keys = doc["keys"]
     assert len(keys) == KEYSTROKES and sum(k["through"] for k in keys) == doc["typed_through"]
     assert [k["record"]["v"] for k in keys] == list(range(2, KEYSTROKES + 2))  # one version per keystroke
-    early = [k["record"].get("earlyMs") for k in keys if k["record"]["source"] == "engine"]
+    engine = [k["record"] for k in keys if k["record"]["source"] == "engine"]
+    # a keystroke that stopped a running suggestion waited for it inside its queue time
+    stopping = [(r["stoppingMs"], r["queueMs"]) for r in engine if r.get("stoppingMs") is not None]
+    assert doc["stopping_ms"]["n"] == len(stopping) and all(0 < s < q for s, q in stopping), stopping
+    early = [r.get("earlyMs") for r in engine]
     assert len(early) == sources["engine"] > 0
     if delay_ms:
         assert all(e is not None and e > 0 for e in early), early
