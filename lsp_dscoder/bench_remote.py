@@ -2,9 +2,9 @@
 `lsp-dscoder --stdio --backend remote`, and the very same requests sent straight to the endpoint.
 
 The server writes each request body it sends to a trace file (`LSP_DSCODER_REMOTE_TRACE`, after the
-stream ends, off the measured path). Once the session is over, those bodies are replayed in order, with
-the same pauses, by a bare `http.client` client on an already-open connection: request written -> first
-streamed chunk with text. Same token ids, same cache state in the endpoint (greedy, same order), so per
+stream ends, off the measured path), with when it was submitted and when its stream was cut. Once the
+session is over, those bodies are replayed in order, with the same pauses and cuts, by a bare
+`http.client` client on an already-open connection: request written -> first streamed chunk with text. Same token ids, same cache state in the endpoint (greedy, same order), so per
 keystroke the difference between the client's first partial and the direct time is what our server adds.
 
 Without --endpoint, llama.cpp's server (built by `tests/remote/install_llama_server.sh`) is started on
@@ -19,6 +19,7 @@ import contextlib
 import http.client
 import json
 import socket
+import struct
 import sys
 import tempfile
 import time
@@ -34,6 +35,8 @@ from lsp_dscoder.bundled import default_model_path
 from lsp_dscoder.remote_llama import LlamaServer, convert
 from lsp_dscoder.remote_wire import TRACE_ENV
 
+IDLE_S = 1.0  # a connection idle this long before its request is opened again
+
 
 @dataclass(frozen=True)
 class Direct:
@@ -45,19 +48,28 @@ class Direct:
     processed: int | None  # prompt tokens it computed (`timings.prompt_n`)
 
 
-def send_direct(
-    host: str, port: int, path: str, body: bytes, at: float, hold_s: float | None
-) -> tuple[Direct, float]:
-    """`body` sent at `at` (time.perf_counter), as the session sent it after the one before, on a
-    connection opened before that (as the server's spare: no handshake on the keystroke); the stream is
-    read until it ends, or cut `hold_s` after the request was written, when the session's next request
-    came (as the server cuts a superseded one). Returns the times and when the request was written."""
-    if (wait := at - 0.05 - time.perf_counter()) > 0:  # servers close idle connections (llama.cpp: 5 s)
-        time.sleep(wait)
+def _connect(host: str, port: int) -> http.client.HTTPConnection:
     conn = http.client.HTTPConnection(host, port, timeout=60)
     conn.connect()
     assert conn.sock is not None
     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def _cut(conn: http.client.HTTPConnection) -> None:
+    """Closes `conn` with a reset, as the server cuts a superseded stream (`Connection.abort`)."""
+    if conn.sock is not None:
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
+
+
+def send_direct(
+    conn: http.client.HTTPConnection, path: str, body: bytes, at: float, cut_s: float | None
+) -> tuple[Direct, float, http.client.HTTPConnection | None]:
+    """`body` sent on `conn` at `at` (time.perf_counter), as the session sent it after the one before;
+    the stream is read until it ends, or cut `cut_s` after the request was written, as the session cut it.
+    Like the server, it opens the next request's connection once the first text has come (None: no text
+    came). Returns the times, when the request was written, and that connection."""
     while (wait := at - time.perf_counter()) > 0:
         time.sleep(wait)
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
@@ -66,11 +78,13 @@ def send_direct(
     response = conn.getresponse()
     head = (time.perf_counter() - started) * 1000.0
     ttft: float | None = None
+    spare: http.client.HTTPConnection | None = None
     timings: dict[str, Any] = {}
+    assert conn.sock is not None
     with contextlib.suppress(TimeoutError):
         while True:
-            if hold_s is not None and ttft is not None:
-                conn.sock.settimeout(max(1e-3, started + hold_s - time.perf_counter()))
+            if cut_s is not None:
+                conn.sock.settimeout(max(1e-4, started + cut_s - time.perf_counter()))
             if not (line := response.readline()):
                 break
             if not line.startswith(b"data: {"):
@@ -78,16 +92,18 @@ def send_direct(
             chunk = json.loads(line[6:])
             if ttft is None and any(c.get("text") for c in chunk.get("choices", [])):
                 ttft = (time.perf_counter() - started) * 1000.0
+                spare = _connect(*conn.sock.getpeername()[:2])
             timings = chunk.get("timings") or timings
-    conn.sock.shutdown(socket.SHUT_RDWR)
-    conn.close()
-    return Direct(head, ttft, timings.get("cache_n"), timings.get("prompt_n")), started
+    _cut(conn)
+    return Direct(head, ttft, timings.get("cache_n"), timings.get("prompt_n")), started, spare
 
 
 def replay(endpoint: str, trace: Path) -> list[tuple[dict[str, Any], Direct]]:
-    """Every traced request sent again to the endpoint, in the order the server submitted them and with
-    the same time from one to the next: an endpoint that idles between keystrokes answers more slowly
-    than one asked back to back (its threads sleep, its caches go cold), so the pauses are kept."""
+    """Every traced request sent again to the endpoint, in the order the server submitted them, with the
+    same time from one to the next, and cut when the session cut it (a superseded request's stream is cut
+    at the keystroke's didChange, before the next request is sent): an endpoint still generating for the
+    cut request finishes its step before it starts the next one, and one that idles between keystrokes
+    answers more slowly than one asked back to back (its threads sleep, its caches go cold)."""
     entries = sorted(
         (json.loads(line) for line in trace.read_text().splitlines() if line), key=lambda e: e["seq"]
     )
@@ -96,12 +112,24 @@ def replay(endpoint: str, trace: Path) -> list[tuple[dict[str, Any], Direct]]:
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     out = []
     at = time.perf_counter()
+    conn: http.client.HTTPConnection | None = None
     for entry, after in zip(entries, [*entries[1:], None], strict=True):
-        hold = None if after is None else after["submitted"] - entry["submitted"]
+        # servers close idle connections (llama.cpp after 5 s): one that waited long is opened again
+        if conn is None or at - time.perf_counter() > IDLE_S:
+            if conn is not None:
+                conn.close()
+            while (wait := at - 0.05 - time.perf_counter()) > 0:
+                time.sleep(wait)
+            conn = _connect(host, port)
+        nxt = None if after is None else after["submitted"] - entry["submitted"]
+        cut = entry.get("cut")
+        cut_s = nxt if cut is None else cut - entry["submitted"]
         data = json.dumps(entry["body"], separators=(",", ":")).encode()
-        direct, written = send_direct(host, port, path, data, at, hold)
+        direct, written, conn = send_direct(conn, path, data, at, cut_s)
         out.append((entry, direct))
-        at = written + (hold or 0.0)
+        at = written + (nxt or 0.0)
+    if conn is not None:
+        conn.close()
     return out
 
 

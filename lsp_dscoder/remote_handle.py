@@ -4,6 +4,7 @@ the timer that gives up on a silent endpoint."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from lsp_dscoder.engine.api import CompletionRequest, TokenEvent
@@ -18,18 +19,19 @@ class RemoteHandle(CompletionHandle):
     def __init__(self, request: CompletionRequest, seq: int) -> None:
         super().__init__(request)
         self.seq = seq  # the backend's count of requests when this one came
+        self.cut_at: float | None = None  # time.perf_counter() when its stream was cut (cancel or timeout)
         self._conn: Connection | None = None
 
     def cancel(self) -> None:
         super().cancel()
-        conn = self._conn  # read after the flag is set: attach() reads the flag after setting this
-        if conn is not None:
-            conn.abort()
+        self.cut()  # the connection is read after the flag is set: attach() reads the flag after setting it
 
     def cut(self) -> None:
-        """Cuts the request's connection, if it has one (its time is up)."""
+        """Cuts the request's connection, if it has one (cancelled, or its time is up)."""
         conn = self._conn
         if conn is not None:
+            if self.cut_at is None:
+                self.cut_at = time.perf_counter()
             conn.abort()
 
     @property

@@ -58,8 +58,11 @@ class Wire:
         conn.write(self.data)
         self.clock.mark("send")
 
-    def trace_line(self, seq: int, submitted: float, first_text: bool) -> bytes:
+    def trace_line(self, seq: int, submitted: float, first_text: bool, cut: float | None = None) -> bytes:
+        """The trace's JSON line: `submitted` and `cut` (when its stream was cut, None if it was not) on
+        `time.perf_counter()`'s clock, which the bench's process shares."""
         head = {"seq": seq, "submitted": submitted, "stagesMs": self.clock.ms if first_text else None}
+        head["cut"] = cut
         head["firstTimings"] = None if self.first_timings is None else dict(self.first_timings)
         return json.dumps(head).encode()[:-1] + b',"body":%s}\n' % self.data[self.head :]
 

@@ -86,9 +86,14 @@ def test_cancel_cuts_the_stream_and_llama_server_stops_generating(
     events = iter(handle)
     next(events)
     next(events)
+    assert handle.cut_at is None
+    before = time.perf_counter()
     handle.cancel()
     result = handle.result(timeout=10)
     assert result.stats.stop_reason is StopReason.CANCELLED and result.error is None
+    assert (
+        handle.cut_at is not None and before <= handle.cut_at <= time.perf_counter()
+    )  # the bench's replay cuts there
     deadline = time.monotonic() + 10
     while llama.log().count("cancel task") == cancels:
         assert time.monotonic() < deadline, "llama.cpp never saw the stream cut"
