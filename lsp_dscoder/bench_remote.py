@@ -4,8 +4,9 @@
 The server writes each request body it sends to a trace file (`LSP_DSCODER_REMOTE_TRACE`, after the
 stream ends, off the measured path), with when it was submitted and when its stream was cut. Once the
 session is over, those bodies are replayed in order, with the same pauses and cuts, by a bare
-`http.client` client on an already-open connection: request written -> first streamed chunk with text. Same token ids, same cache state in the endpoint (greedy, same order), so per
-keystroke the difference between the client's first partial and the direct time is what our server adds.
+`http.client` client on an already-open connection: request written -> first streamed chunk with
+text. Same token ids, same cache state in the endpoint (greedy, same order), so per keystroke the
+difference between the client's first partial and the direct time is what our server adds.
 
 Without --endpoint, llama.cpp's server (built by `tests/remote/install_llama_server.sh`) is started on
 the checkpoint converted to GGUF (remote_llama.py).

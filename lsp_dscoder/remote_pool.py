@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import struct
 from collections.abc import Callable
 
 from lsp_dscoder.engine.handle import on_loop
@@ -23,6 +24,7 @@ _IDLE_MAX = 4  # kept-alive connections per endpoint; more requests at once than
 # after a few seconds: llama.cpp and uvicorn after 5 s); one closed sooner is not (a server that closes
 # every connection at once would be asked in a loop)
 _SPARE_RENEW_S = 1.0
+_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends a reset
 
 
 class _Protocol(asyncio.StreamReaderProtocol):
@@ -74,12 +76,23 @@ class Connection:
     def abort(self) -> None:
         """Cuts the connection at once, from any thread: a read waiting on it returns, and the server
         sees the client go (engines stop generating then)."""
-        transport = self.writer.transport
         if on_loop(self.loop):
-            transport.abort()
+            self._cut()
         else:
             with contextlib.suppress(RuntimeError):  # the loop has closed: so has the connection
-                self.loop.call_soon_threadsafe(transport.abort)
+                self.loop.call_soon_threadsafe(self._cut)
+
+    def _cut(self) -> None:
+        # asyncio's abort closes the socket one turn of the loop later, after the rest of the keystroke's
+        # work (the next request is sent before it): the shutdown tells the server now, and the linger of
+        # 0 makes the close a reset, as an abort is.
+        transport = self.writer.transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and not transport.is_closing():
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+                sock.shutdown(socket.SHUT_RDWR)
+        transport.abort()
 
     def close(self) -> None:
         """On the loop's thread: a connection whose response was read to its end, not to be reused."""
