@@ -225,13 +225,16 @@ class Engine:
     def _loop(self) -> None:
         # A stopped request's result, published once the next request has shown its first text: publishing
         # wakes the stopped request's consumer, whose thread would take the interpreter while this one
-        # starts the request the user now waits for (measured in docs/benchmarks.md).
-        later: list[Callable[[], None]] = []
+        # starts the request the user now waits for (measured in docs/benchmarks.md). At most one waits:
+        # it is put off only while a request is queued, and published when that request ends at the latest.
+        pending: Callable[[], None] | None = None
         free_at = time.perf_counter()  # when the last request ended
 
         def flush() -> None:
-            while later:
-                later.pop(0)()
+            nonlocal pending
+            if pending is not None:
+                publish, pending = pending, None
+                publish()
 
         def then_flush(publish: Callable[[TokenEvent], None]) -> Callable[[TokenEvent], None]:
             def emit(event: TokenEvent) -> None:
@@ -241,16 +244,10 @@ class Engine:
 
             return emit
 
-        while True:
-            if later and self._queue.empty():
-                flush()
-            handle = self._next()
-            if handle is None:
-                flush()
-                return
+        while (handle := self._next()) is not None:
             self._last = handle.request
             previous_end = free_at
-            emit: Callable[[TokenEvent], None] = then_flush(handle._publish) if later else handle._publish
+            emit = handle._publish if pending is None else then_flush(handle._publish)
             try:
                 result = generate(
                     handle.request,
@@ -288,6 +285,7 @@ class Engine:
                 if s.ttft_s is not None:
                     self._ttfts.append(s.ttft_s)
             if s.stop_reason is StopReason.CANCELLED and not self._queue.empty():
-                later.append(functools.partial(handle._publish, result=result))
+                pending = functools.partial(handle._publish, result=result)
             else:
                 handle._publish(result=result)
+        flush()  # the queued item was the engine's close

@@ -20,7 +20,6 @@ import contextlib
 import http.client
 import json
 import socket
-import struct
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ from lsp_dscoder.bench_protocol import Plan, bench_server
 from lsp_dscoder.bench_report import distribution, print_head, print_row, sources
 from lsp_dscoder.bundled import default_model_path
 from lsp_dscoder.remote_llama import LlamaServer, convert
+from lsp_dscoder.remote_pool import cut_socket
 from lsp_dscoder.remote_wire import TRACE_ENV
 
 IDLE_S = 1.0  # a connection idle this long before its request is opened again
@@ -55,13 +55,6 @@ def _connect(host: str, port: int) -> http.client.HTTPConnection:
     assert conn.sock is not None
     conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return conn
-
-
-def _cut(conn: http.client.HTTPConnection) -> None:
-    """Closes `conn` with a reset, as the server cuts a superseded stream (`Connection.abort`)."""
-    if conn.sock is not None:
-        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    conn.close()
 
 
 def send_direct(
@@ -95,7 +88,8 @@ def send_direct(
                 ttft = (time.perf_counter() - started) * 1000.0
                 spare = _connect(*conn.sock.getpeername()[:2])
             timings = chunk.get("timings") or timings
-    _cut(conn)
+    cut_socket(conn.sock)  # as the server cuts a superseded stream (`Connection.abort`)
+    conn.close()
     return Direct(head, ttft, timings.get("cache_n"), timings.get("prompt_n")), started, spare
 
 

@@ -15,9 +15,13 @@ import socket
 import ssl
 import struct
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from lsp_dscoder.engine.handle import on_loop
 from lsp_dscoder.remote_http import Endpoint
+
+if TYPE_CHECKING:
+    from asyncio.trsock import TransportSocket
 
 _IDLE_MAX = 4  # kept-alive connections per endpoint; more requests at once than this open new ones
 # a spare that the server closed after this long idle is opened again (servers drop idle connections
@@ -25,6 +29,14 @@ _IDLE_MAX = 4  # kept-alive connections per endpoint; more requests at once than
 # every connection at once would be asked in a loop)
 _SPARE_RENEW_S = 1.0
 _RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends a reset
+
+
+def cut_socket(sock: socket.socket | TransportSocket) -> None:
+    """Ends a stream from our side at once, as a superseded request's is: the shutdown tells the server
+    now, and its close (whenever it comes) is a reset."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 class _Protocol(asyncio.StreamReaderProtocol):
@@ -84,14 +96,11 @@ class Connection:
 
     def _cut(self) -> None:
         # asyncio's abort closes the socket one turn of the loop later, after the rest of the keystroke's
-        # work (the next request is sent before it): the shutdown tells the server now, and the linger of
-        # 0 makes the close a reset, as an abort is.
+        # work (the next request is sent before it): the server is told now.
         transport = self.writer.transport
         sock = transport.get_extra_info("socket")
         if sock is not None and not transport.is_closing():
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
-                sock.shutdown(socket.SHUT_RDWR)
+            cut_socket(sock)
         transport.abort()
 
     def close(self) -> None:

@@ -58,7 +58,7 @@ class Wire:
         conn.write(self.data)
         self.clock.mark("send")
 
-    def trace_line(self, seq: int, submitted: float, first_text: bool, cut: float | None = None) -> bytes:
+    def trace_line(self, seq: int, submitted: float, first_text: bool, cut: float | None) -> bytes:
         """The trace's JSON line: `submitted` and `cut` (when its stream was cut, None if it was not) on
         `time.perf_counter()`'s clock, which the bench's process shares."""
         head = {"seq": seq, "submitted": submitted, "stagesMs": self.clock.ms if first_text else None}
