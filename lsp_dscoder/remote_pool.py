@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import ssl
 import struct
@@ -23,6 +24,8 @@ from lsp_dscoder.remote_http import Endpoint
 if TYPE_CHECKING:
     from asyncio.trsock import TransportSocket
 
+    SocketLike = socket.socket | TransportSocket  # or uvloop's PseudoSocket: the same methods
+
 _IDLE_MAX = 4  # kept-alive connections per endpoint; more requests at once than this open new ones
 # a spare that the server closed after this long idle is opened again (servers drop idle connections
 # after a few seconds: llama.cpp and uvicorn after 5 s); one closed sooner is not (a server that closes
@@ -31,12 +34,13 @@ _SPARE_RENEW_S = 1.0
 _RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends a reset
 
 
-def cut_socket(sock: socket.socket | TransportSocket) -> None:
+def cut_socket(sock: SocketLike) -> None:
     """Ends a stream from our side at once, as a superseded request's is: the shutdown tells the server
-    now, and its close (whenever it comes) is a reset."""
-    with contextlib.suppress(OSError):
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
-        sock.shutdown(socket.SHUT_RDWR)
+    now, and its close (whenever it comes) is a reset. Done on a duplicate of the descriptor (the same
+    socket): uvloop's stand-in for a transport's socket refuses `shutdown` with a TypeError."""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(sock.fileno())) as same:
+        same.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        same.shutdown(socket.SHUT_RDWR)
 
 
 class _Protocol(asyncio.StreamReaderProtocol):
@@ -99,9 +103,11 @@ class Connection:
         # work (the next request is sent before it): the server is told now.
         transport = self.writer.transport
         sock = transport.get_extra_info("socket")
-        if sock is not None and not transport.is_closing():
-            cut_socket(sock)
-        transport.abort()
+        try:
+            if sock is not None and not transport.is_closing():
+                cut_socket(sock)
+        finally:
+            transport.abort()  # whatever the cut did: a superseded stream is never left open
 
     def close(self) -> None:
         """On the loop's thread: a connection whose response was read to its end, not to be reused."""

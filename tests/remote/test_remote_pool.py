@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
+
+import pytest
+import uvloop
 
 from lsp_dscoder.remote_http import Endpoint
 from lsp_dscoder.remote_pool import ConnectionPool
 
+# the server runs on uvloop's loop where it is installed (lsp_dscoder/transport.py), on asyncio's otherwise
+LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
-def test_an_aborted_connection_is_cut_before_the_loop_turns() -> None:
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_aborted_connection_is_cut_before_the_loop_turns(loop: str) -> None:
     """A keystroke cuts the stream it supersedes and then sends its own request in the same turn of the
     loop: the server must see the cut first, not one turn later (asyncio closes an aborted transport's
     socket only then). Checked from the server's side while the loop is still inside that turn."""
@@ -33,4 +41,6 @@ def test_an_aborted_connection_is_cut_before_the_loop_turns() -> None:
                 finally:
                     pool.close()
 
-        assert asyncio.run(cut_and_read()) in (b"", ConnectionResetError)
+        factory: Callable[[], asyncio.AbstractEventLoop] = LOOPS[loop]
+        with asyncio.Runner(loop_factory=factory) as runner:
+            assert runner.run(cut_and_read()) in (b"", ConnectionResetError)
