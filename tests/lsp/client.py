@@ -186,10 +186,12 @@ async def start(
     init: dict[str, Any] | None = None,
     encodings: list[str] | None = None,
     wait: bool = True,
+    env: dict[str, str] | None = None,
 ) -> Editor:
+    """`env`: the server process's whole environment (None: this one's)."""
     client = make_test_lsp_client()
     editor = Editor(client)
-    await client.start_io(*server_command(model, *extra))
+    await client.start_io(*server_command(model, *extra), env=env)
     capabilities = types.ClientCapabilities(
         window=types.WindowClientCapabilities(work_done_progress=True),
         workspace=types.WorkspaceClientCapabilities(configuration=True),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,44 @@ async def test_cancel_request_closes_the_stream_and_llama_server_stops(editor: E
     assert released < record["promptTokens"] + 50  # llama.cpp stopped long before its 400 tokens
     stats = (await editor.stats())["engine"]
     assert (stats["backend"], stats["reachable"], stats["connectsOnRequestPath"]) == ("remote", True, 1)
+
+
+async def test_cancel_stops_llama_server_on_asyncio_loop_too(
+    llama: LlamaServer, bundled: Path, tmp_path: Path
+):
+    """The server runs on uvloop's loop where it is installed (the tests' install has it) and on asyncio's
+    otherwise: the two hand a transport's socket out differently, and a cut must reach llama.cpp on both.
+    Here uvloop cannot be imported; the stand-in that refuses it leaves a mark that it was asked."""
+    stub = tmp_path / "no_uvloop" / "uvloop"
+    stub.mkdir(parents=True)
+    asked = tmp_path / "uvloop-asked"
+    stub.joinpath("__init__.py").write_text(
+        f"import pathlib\npathlib.Path({str(asked)!r}).touch()\nraise ImportError('uvloop left out')\n"
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(stub.parent), os.environ.get("PYTHONPATH")))),
+    }
+    ed = await start(bundled, *remote_args(llama.url), init=UNTIL_CUT, env=env)
+    try:
+        assert asked.exists()  # the server asked for uvloop, was refused, and runs on asyncio's loop
+        doc = ed.open("file:///work/remote_cancel_asyncio.py", LONG)
+        cancels = llama.log().count("cancel task")
+        request = ed.inline(doc, 1, 4)
+        await ed.first_partial(request)
+        ed.cancel(request)
+        assert (await request.error()).code == REQUEST_CANCELLED
+        record = await ed.record(request)
+        assert record["stopReason"] == "cancelled"
+
+        async def stopped() -> bool:
+            return llama.log().count("cancel task") > cancels
+
+        await wait_for(stopped)
+        assert llama.released_at_last_cancel() < record["promptTokens"] + 50
+    finally:
+        await ed.client.shutdown_session()
+        await ed.client.stop()
 
 
 async def test_a_stop_rule_cuts_the_stream_and_llama_server_stops(editor: Editor, llama: LlamaServer):
