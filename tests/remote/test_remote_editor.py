@@ -102,22 +102,27 @@ async def test_typing_through_from_memory_then_the_prompt_cache_on_the_next_keys
     assert 1 <= record["prefilledTokens"] <= record["promptTokens"] - first_record["promptTokens"]
 
 
-async def test_cancel_request_closes_the_stream_and_llama_server_stops(editor: Editor, llama: LlamaServer):
-    doc = editor.open("file:///work/remote_cancel.py", LONG)
+async def cancel_mid_stream(ed: Editor, llama: LlamaServer, uri: str) -> None:
+    """A suggestion cancelled after its first partial: the editor gets -32800, and llama.cpp stops
+    generating long before its 400 tokens (its log says so)."""
+    doc = ed.open(uri, LONG)
     cancels = llama.log().count("cancel task")
-    request = editor.inline(doc, 1, 4)
-    await editor.first_partial(request)
-    editor.cancel(request)
+    request = ed.inline(doc, 1, 4)
+    await ed.first_partial(request)
+    ed.cancel(request)
     assert (await request.error()).code == REQUEST_CANCELLED
-    record = await editor.record(request)
+    record = await ed.record(request)
     assert record["stopReason"] == "cancelled" and record["generatedTokens"] < 50
 
     async def stopped() -> bool:
         return llama.log().count("cancel task") > cancels
 
     await wait_for(stopped)
-    released = llama.released_at_last_cancel()
-    assert released < record["promptTokens"] + 50  # llama.cpp stopped long before its 400 tokens
+    assert llama.released_at_last_cancel() < record["promptTokens"] + 50
+
+
+async def test_cancel_request_closes_the_stream_and_llama_server_stops(editor: Editor, llama: LlamaServer):
+    await cancel_mid_stream(editor, llama, "file:///work/remote_cancel.py")
     stats = (await editor.stats())["engine"]
     assert (stats["backend"], stats["reachable"], stats["connectsOnRequestPath"]) == ("remote", True, 1)
 
@@ -141,20 +146,7 @@ async def test_cancel_stops_llama_server_on_asyncio_loop_too(
     ed = await start(bundled, *remote_args(llama.url), init=UNTIL_CUT, env=env)
     try:
         assert asked.exists()  # the server asked for uvloop, was refused, and runs on asyncio's loop
-        doc = ed.open("file:///work/remote_cancel_asyncio.py", LONG)
-        cancels = llama.log().count("cancel task")
-        request = ed.inline(doc, 1, 4)
-        await ed.first_partial(request)
-        ed.cancel(request)
-        assert (await request.error()).code == REQUEST_CANCELLED
-        record = await ed.record(request)
-        assert record["stopReason"] == "cancelled"
-
-        async def stopped() -> bool:
-            return llama.log().count("cancel task") > cancels
-
-        await wait_for(stopped)
-        assert llama.released_at_last_cancel() < record["promptTokens"] + 50
+        await cancel_mid_stream(ed, llama, "file:///work/remote_cancel_asyncio.py")
     finally:
         await ed.client.shutdown_session()
         await ed.client.stop()
