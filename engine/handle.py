@@ -41,6 +41,8 @@ class CompletionHandle:
         self._consumer_thread: int | None = None  # the thread of the last consumer that streamed
         self._handover: threading.Event | None = None  # set once a consumer took the first visible text
         self._launched = threading.Event()  # the first token's device work is queued (or it stopped)
+        # the index of the event whose text the observer sent as the first partial (None: it sent none)
+        self.shown_index: int | None = None
 
     def cancel(self) -> None:
         """Ask the engine to stop at the next check (between layers, decode steps or prefill chunks)."""
@@ -107,7 +109,10 @@ class CompletionHandle:
     def _observe(self, event: TokenEvent) -> bool:
         """The request's observer, told of `event` before a consumer can see it."""
         observer = self.request.observer
-        return observer is not None and observer(event)
+        delivered = observer is not None and observer(event)
+        if delivered and self.shown_index is None:
+            self.shown_index = event.index
+        return delivered
 
     # -- consumer side -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[TokenEvent]:

@@ -4,9 +4,11 @@
 The server writes each request body it sends to a trace file (`LSP_DSCODER_REMOTE_TRACE`, after the
 stream ends, off the measured path), with when it was submitted and when its stream was cut. Once the
 session is over, those bodies are replayed in order, with the same pauses and cuts, by a bare
-`http.client` client on an already-open connection: request written -> first streamed chunk with
-text. Same token ids, same cache state in the endpoint (greedy, same order), so per keystroke the
-difference between the client's first partial and the direct time is what our server adds.
+`http.client` client on an already-open connection: request written -> the streamed chunk whose text
+the session showed first (the endpoint's first token may show nothing yet: a line break, indentation
+held back until more comes; the trace says how many tokens the shown text took). Same token ids, same
+cache state in the endpoint (greedy, same order), so per keystroke the difference between the client's
+first partial and the direct time is what our server adds.
 
 Without --endpoint, llama.cpp's server (built by `tests/remote/install_llama_server.sh`) is started on
 the checkpoint converted to GGUF (remote_llama.py).
@@ -34,6 +36,7 @@ from lsp_dscoder.bench_report import distribution, print_head, print_row, source
 from lsp_dscoder.bundled import default_model_path
 from lsp_dscoder.remote_llama import LlamaServer, convert
 from lsp_dscoder.remote_pool import cut_socket
+from lsp_dscoder.remote_stream import parse_chunk
 from lsp_dscoder.remote_wire import TRACE_ENV
 
 IDLE_S = 1.0  # a connection idle this long before its request is opened again
@@ -44,7 +47,7 @@ class Direct:
     """One request sent straight to the endpoint."""
 
     head_ms: float  # request written -> response head read
-    ttft_ms: float | None  # request written -> first chunk with text (None: no text came)
+    ttft_ms: float | None  # request written -> the chunk with the shown text (None: it did not come)
     cached: int | None  # prompt tokens from the endpoint's cache (llama.cpp `timings.cache_n`)
     processed: int | None  # prompt tokens it computed (`timings.prompt_n`)
 
@@ -58,10 +61,18 @@ def _connect(host: str, port: int) -> http.client.HTTPConnection:
 
 
 def send_direct(
-    conn: http.client.HTTPConnection, path: str, body: bytes, at: float, cut_s: float | None
+    conn: http.client.HTTPConnection,
+    path: str,
+    body: bytes,
+    at: float,
+    cut_s: float | None,
+    shown: int | None = None,
+    at_end: bool = False,
 ) -> tuple[Direct, float, http.client.HTTPConnection | None]:
     """`body` sent on `conn` at `at` (time.perf_counter), as the session sent it after the one before;
     the stream is read until it ends, or cut `cut_s` after the request was written, as the session cut it.
+    Timed to the chunk that brings the endpoint's `shown`-th token (None: the first chunk with text), or,
+    `at_end`, to the stream's end (the session's answer showed the first text).
     Like the server, it opens the next request's connection once the first text has come (None: no text
     came). Returns the times, when the request was written, and that connection."""
     while (wait := at - time.perf_counter()) > 0:
@@ -72,6 +83,7 @@ def send_direct(
     response = conn.getresponse()
     head = (time.perf_counter() - started) * 1000.0
     ttft: float | None = None
+    tokens = 0  # the endpoint's tokens so far (chunks with text, where it sends no ids)
     spare: http.client.HTTPConnection | None = None
     timings: dict[str, Any] = {}
     assert conn.sock is not None
@@ -79,15 +91,21 @@ def send_direct(
         while True:
             if cut_s is not None:
                 conn.sock.settimeout(max(1e-4, started + cut_s - time.perf_counter()))
-            if not (line := response.readline()):
+            line = response.readline()
+            if ttft is None and at_end and (not line or line.startswith(b"data: [DONE]")):
+                ttft = (time.perf_counter() - started) * 1000.0
+            if not line:
                 break
             if not line.startswith(b"data: {"):
                 continue
-            chunk = json.loads(line[6:])
-            if ttft is None and any(c.get("text") for c in chunk.get("choices", [])):
-                ttft = (time.perf_counter() - started) * 1000.0
+            chunk = parse_chunk(line[6:].decode())
+            now = (time.perf_counter() - started) * 1000.0
+            tokens += len(chunk.token_ids) if chunk.token_ids is not None else bool(chunk.text)
+            if spare is None and chunk.text:
                 spare = _connect(*conn.sock.getpeername()[:2])
-            timings = chunk.get("timings") or timings
+            if ttft is None and not at_end and (tokens >= shown if shown is not None else bool(chunk.text)):
+                ttft = now
+            timings = dict(chunk.timings or {}) or timings
     cut_socket(conn.sock)  # as the server cuts a superseded stream (`Connection.abort`)
     conn.close()
     return Direct(head, ttft, timings.get("cache_n"), timings.get("prompt_n")), started, spare
@@ -120,7 +138,8 @@ def replay(endpoint: str, trace: Path) -> list[tuple[dict[str, Any], Direct]]:
         cut = entry.get("cut")
         cut_s = nxt if cut is None else cut - entry["submitted"]
         data = json.dumps(entry["body"], separators=(",", ":")).encode()
-        direct, written, conn = send_direct(conn, path, data, at, cut_s)
+        shown, at_end = entry.get("shownTokens"), bool(entry.get("shownAtEnd"))
+        direct, written, conn = send_direct(conn, path, data, at, cut_s, shown, at_end)
         out.append((entry, direct))
         at = written + (nxt or 0.0)
     if conn is not None:
@@ -150,6 +169,7 @@ def pair(documents: list[dict[str, Any]], direct: list[tuple[dict[str, Any], Dir
             rows["direct_processed_tokens"].append(d.processed)
             rows["cached_tokens"].append(record.get("reusedTokens"))
             rows["processed_tokens"].append(record.get("prefilledTokens"))
+            rows["shown_tokens"].append(entry.get("shownTokens"))
             if through is not None and d.ttft_ms is not None:
                 rows["overhead_ms"].append(through - d.ttft_ms)
             if through is None or server is None or not entry.get("stagesMs"):
@@ -175,12 +195,13 @@ _ENDPOINT = ("send", "response", "firstChunk")
 
 ROWS = (
     ("direct_head_ms", "direct: request written -> response head"),
-    ("direct_ttft_ms", "direct: request written -> first chunk with text"),
+    ("direct_ttft_ms", "direct: request written -> the chunk with the text shown first"),
     ("through_ms", "through lsp-dscoder: keystroke -> first partial"),
     ("overhead_ms", "difference per keystroke (our overhead)"),
     ("own_ms", "through, less the endpoint's share seen by our server"),
     ("cached_tokens", "endpoint's cached prompt tokens, per keystroke"),
     ("processed_tokens", "endpoint's computed prompt tokens, per keystroke"),
+    ("shown_tokens", "endpoint's tokens up to the text shown first, per keystroke"),
     ("direct_processed_tokens", "direct: computed prompt tokens, per keystroke"),
 )
 

@@ -214,7 +214,7 @@ class RemoteBackend:
         handle._publish(result=result)
         if self._trace is not None:  # after the stream: the trace costs the keystroke nothing
             with open(self._trace, "ab") as f:
-                f.write(wire.trace_line(handle.seq, handle.submitted_at, ttft is not None, handle.cut_at))
+                f.write(wire.trace_line(handle.seq, handle.submitted_at, handle.cut_at))
 
     # -- the probe, from the health thread -----------------------------------------------------------
     def _probe(self) -> None:

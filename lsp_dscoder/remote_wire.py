@@ -50,6 +50,16 @@ class Wire:
     head: int  # bytes of it before the body
     clock: Stages = field(default_factory=Stages)
     first_timings: Mapping[str, Any] | None = None  # the endpoint's own timings in its first text chunk
+    shown: bool = False  # the stages reached the chunk whose text went out first
+    shown_tokens: int | None = None  # the endpoint's tokens up to that text's (None: not known)
+    shown_end: bool = False  # the text went out with the answer, at the stream's end
+
+    def shown_at(self, index: int | None, end: bool = False) -> None:
+        """The first partial went out with the event at `index` of the completion's tokens (the healed
+        ones first; None: it was not sent from the stream's reader, or is not known), or, `end`, with the
+        answer once the stream had ended (what came before showed nothing)."""
+        self.shown, self.shown_end = True, end
+        self.shown_tokens = None if index is None else index + 1 - len(self.heal_ids)
 
     def send(self, conn: Connection) -> None:
         """Writes the request on `conn`. The send is its own stage, timed apart from ours before it ("write"):
@@ -58,11 +68,12 @@ class Wire:
         conn.write(self.data)
         self.clock.mark("send")
 
-    def trace_line(self, seq: int, submitted: float, first_text: bool, cut: float | None) -> bytes:
+    def trace_line(self, seq: int, submitted: float, cut: float | None) -> bytes:
         """The trace's JSON line: `submitted` and `cut` (when its stream was cut, None if it was not) on
-        `time.perf_counter()`'s clock, which the bench's process shares."""
-        head = {"seq": seq, "submitted": submitted, "stagesMs": self.clock.ms if first_text else None}
-        head["cut"] = cut
+        `time.perf_counter()`'s clock, which the bench's process shares; the stages when they reached the
+        shown text, and how many of the endpoint's tokens it took (the replay times the same one)."""
+        head = {"seq": seq, "submitted": submitted, "stagesMs": self.clock.ms if self.shown else None}
+        head["cut"], head["shownTokens"], head["shownAtEnd"] = cut, self.shown_tokens, self.shown_end
         head["firstTimings"] = None if self.first_timings is None else dict(self.first_timings)
         return json.dumps(head).encode()[:-1] + b',"body":%s}\n' % self.data[self.head :]
 

@@ -79,6 +79,7 @@ async def test_the_first_text_leaves_from_the_engine_thread_and_the_rest_from_th
     assert sub.future.result() == "return x"
     assert sub.record.first_partial_early is True
     assert handle._handover is not None and handle._handover.is_set()  # nothing left to hand over
+    assert handle.shown_index == 1  # the event whose text went out first ("" before it showed nothing)
 
 
 async def test_a_writer_for_the_loop_only_gets_every_partial_on_the_loop():
@@ -94,6 +95,7 @@ async def test_a_writer_for_the_loop_only_gets_every_partial_on_the_loop():
         ("return x", True, loop_thread),
     ]
     assert sub.record.first_partial_early is False
+    assert handle.shown_index is None  # the observer sent nothing
 
 
 async def test_an_answered_request_gets_nothing_from_the_engine_thread():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from array import array
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from lsp_dscoder.bench_remote import run_remote
 from lsp_dscoder.engine.prefix import common_prefix
 from lsp_dscoder.remote_http import Endpoint
-from lsp_dscoder.remote_wire import PromptIds, post_bytes
+from lsp_dscoder.remote_wire import PromptIds, Wire, post_bytes
 from tests.remote.llama_server import LlamaServer
 
 
@@ -51,6 +52,26 @@ def test_post_bytes_is_one_http_request() -> None:
     )
 
 
+def test_trace_line_says_which_endpoint_token_the_first_partial_showed() -> None:
+    """The bench's replay times each request to the endpoint token whose text the session showed first:
+    the healed tokens lead the completion's events and are not the endpoint's."""
+    body = b'{"prompt":[1,2,3],"stream":true}'
+    wire = Wire(array("i", [1, 2, 3]), heal_ids=[3], data=b"POST /\r\n\r\n" + body, head=10)
+    assert json.loads(wire.trace_line(7, 1.5, None)) == {
+        "seq": 7, "submitted": 1.5, "stagesMs": None, "cut": None, "shownTokens": None,
+        "shownAtEnd": False, "firstTimings": None, "body": {"prompt": [1, 2, 3], "stream": True},
+    }  # fmt: skip
+    wire.clock.mark("firstChunk")
+    wire.shown_at(2)  # events 0 (healed), 1 (nothing to show yet), 2 (shown)
+    line = json.loads(wire.trace_line(8, 2.0, 2.25))
+    assert (line["shownTokens"], line["shownAtEnd"], line["cut"]) == (2, False, 2.25)
+    assert set(line["stagesMs"]) == {"firstChunk"}
+    wire.shown_at(4, end=True)  # nothing showed until the answer, after the fourth endpoint token
+    assert json.loads(wire.trace_line(9, 3.0, None))["shownTokens"] == 4
+    wire.shown_at(None)  # not sent by the stream's reader: the replay falls back to the first text
+    assert json.loads(wire.trace_line(10, 3.0, None))["shownTokens"] is None
+
+
 @pytest.mark.slow
 def test_bench_pairs_each_keystroke_with_the_same_request_sent_directly(
     llama: LlamaServer, bundled: Path, capsys: pytest.CaptureFixture[str]
@@ -69,3 +90,5 @@ def test_bench_pairs_each_keystroke_with_the_same_request_sent_directly(
     assert remote["through_ms"]["n"] == len(engine)
     assert remote["processed_tokens"]["p50"] <= 3  # a keystroke computes its new tokens only
     assert set(remote["stages_ms"]) >= {"encode", "write", "send", "response", "firstChunk", "parse"}
+    # over stdio the first partial goes out from the stream's reader: the trace names its token
+    assert remote["shown_tokens"]["n"] > 0 and remote["shown_tokens"]["p50"] >= 1
