@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from lsp_dscoder.bench_protocol import Plan, bench_server
 from lsp_dscoder.bench_report import distribution, print_head, print_row, sources
 from lsp_dscoder.bundled import default_model_path
+from lsp_dscoder.remote_http import RemoteError
 from lsp_dscoder.remote_llama import LlamaServer, convert
 from lsp_dscoder.remote_pool import cut_socket
 from lsp_dscoder.remote_stream import parse_chunk
@@ -98,7 +99,10 @@ def send_direct(
                 break
             if not line.startswith(b"data: {"):
                 continue
-            chunk = parse_chunk(line[6:].decode())
+            try:
+                chunk = parse_chunk(line[6:].decode())
+            except RemoteError:  # the endpoint's error event: the stream ends there
+                break
             now = (time.perf_counter() - started) * 1000.0
             tokens += len(chunk.token_ids) if chunk.token_ids is not None else bool(chunk.text)
             if spare is None and chunk.text:
