@@ -103,13 +103,12 @@ def send_direct(
                 chunk = parse_chunk(line[6:].decode())
             except RemoteError:  # the endpoint's error event: the stream ends there
                 break
-            now = (time.perf_counter() - started) * 1000.0
             tokens += len(chunk.token_ids) if chunk.token_ids is not None else bool(chunk.text)
+            if ttft is None and not at_end and (tokens >= shown if shown is not None else bool(chunk.text)):
+                ttft = (time.perf_counter() - started) * 1000.0
             if spare is None and chunk.text:
                 spare = _connect(*conn.sock.getpeername()[:2])
-            if ttft is None and not at_end and (tokens >= shown if shown is not None else bool(chunk.text)):
-                ttft = now
-            timings = dict(chunk.timings or {}) or timings
+            timings = dict(chunk.timings) if chunk.timings else timings
     cut_socket(conn.sock)  # as the server cuts a superseded stream (`Connection.abort`)
     conn.close()
     return Direct(head, ttft, timings.get("cache_n"), timings.get("prompt_n")), started, spare

@@ -93,17 +93,20 @@ class Exchanges:
             # The stages run to the chunk whose text went out first: the first token's text may show
             # nothing yet (a line break, indentation the shaping holds back until more comes). Without an
             # observer, which sends it (stdio), to the first token's chunk.
-            observed = request.observer is not None
+            observed, healed = request.observer is not None, len(wire.heal_ids)
             while (event := await events.next()) is not None:
                 if not wire.shown:
                     clock.mark("firstChunk")  # the chunk that carries the shown text is the last marked
                 before = decoder.count
                 decoder.feed(parse_chunk(event))
-                shows = handle.shown_index is not None or not observed
-                if not wire.shown and decoder.count > len(wire.heal_ids) and shows:
+                if (
+                    not wire.shown
+                    and decoder.count > healed
+                    and (handle.shown_index is not None or not observed)
+                ):
                     clock.mark("parse")
                     wire.shown_at(handle.shown_index)
-                if ttft is None and decoder.count > len(wire.heal_ids) and decoder.count > before:
+                if ttft is None and decoder.count > max(healed, before):
                     ttft = time.perf_counter() - handle.submitted_at
                     wire.first_timings = decoder.timings
                     # The next keystroke's connection, opened once this partial is on its way: while the
@@ -115,7 +118,7 @@ class Exchanges:
                 if decoder.stopped:
                     raise _Cancelled  # a stop string the endpoint did not apply: stop it here
                 dog.arm(self._timeout(request, self.config.read_timeout_s))
-            if not wire.shown and decoder.count > len(wire.heal_ids):  # nothing showed before the end:
+            if not wire.shown and decoder.count > healed:  # nothing showed before the end:
                 clock.mark("firstChunk")  # the answer goes out now, the stream's last wait the endpoint's
                 wire.shown_at(decoder.count - 1, end=True)
             stop = decoder.stop_reason(request.params.stop)

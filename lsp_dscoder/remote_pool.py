@@ -22,9 +22,7 @@ from lsp_dscoder.engine.handle import on_loop
 from lsp_dscoder.remote_http import Endpoint
 
 if TYPE_CHECKING:
-    from asyncio.trsock import TransportSocket
-
-    SocketLike = socket.socket | TransportSocket  # or uvloop's PseudoSocket: the same methods
+    from _typeshed import HasFileno
 
 _IDLE_MAX = 4  # kept-alive connections per endpoint; more requests at once than this open new ones
 # a spare that the server closed after this long idle is opened again (servers drop idle connections
@@ -34,7 +32,7 @@ _SPARE_RENEW_S = 1.0
 _RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends a reset
 
 
-def cut_socket(sock: SocketLike) -> None:
+def cut_socket(sock: HasFileno) -> None:
     """Ends a stream from our side at once, as a superseded request's is: the shutdown tells the server
     now, and its close (whenever it comes) is a reset. Done on a duplicate of the descriptor (the same
     socket): uvloop's stand-in for a transport's socket refuses `shutdown` with a TypeError."""
