@@ -25,9 +25,10 @@ from typing import Any
 
 from lsp_dscoder.bench_client import Call, RpcClient
 from lsp_dscoder.bench_docs import SCRIPT, Document, generate, write_random_checkpoint
-from lsp_dscoder.bench_report import print_report, summarize
+from lsp_dscoder.bench_report import distribution, print_report, summarize
 
 INLINE = "textDocument/inlineCompletion"
+NULL_SERVER = [sys.executable, "-m", "lsp_dscoder.bench_null"]
 SIZES = {"1k": 1024, "8k": 8192, "64k": 65536}
 TIMEOUT_S = 300.0
 
@@ -157,6 +158,26 @@ async def type_document(client: RpcClient, uri: str, doc: Document, plan: Plan) 
     return {**summarize(doc, cold, trips, keys, client), "keep_warm": warm}
 
 
+async def null_round_trips(plan: Plan) -> dict[str, Any]:
+    """Round trips to a server that does no work (bench_null.py), one every `--interval-ms` as the
+    keystrokes go, through the same client: the pipes and the two processes' wake-ups, the floor under the
+    server's path on this machine. `plan.round_trips` of them, after one that starts the process."""
+    client = await RpcClient.start(NULL_SERVER)
+    times = []
+    try:
+        for n in range(plan.round_trips + 1):
+            c = await client.request("dscoder/stats", None)
+            await client.wait(c, plan.timeout_s)
+            if n and c.response_read is not None:
+                times.append(1e3 * (c.response_read - c.written))
+            await asyncio.sleep(max(0.0, c.written + plan.interval_s - time.monotonic()))
+    finally:
+        code = await client.close()
+    if code:
+        raise RuntimeError(f"the null server exited with {code}: " + "\n".join(client.stderr_tail))
+    return distribution(times)
+
+
 async def _keep_warm(client: RpcClient, plan: Plan) -> dict[str, Any]:
     """The keep-warm counters of the server (keep_warm.py) and of the engine thread (engine/warm.py),
     read by a stats request (itself not a keystroke)."""
@@ -245,6 +266,7 @@ def run_protocol(args: argparse.Namespace) -> int:
         for label, folder, device in models:
             argv = server_argv(folder, device, args.dtype)
             result = asyncio.run(bench_server(argv, folder, plan, settings))
+            result["null_round_trip_ms"] = asyncio.run(null_round_trips(plan))
             results.append({"model": label, "device": device, "dtype": args.dtype, **result})
     report = {"plan": plan.__dict__, "results": results}
     if args.json:

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from lsp_dscoder.bench_protocol import Plan, bench_server
-from lsp_dscoder.bench_report import distribution, print_head, print_row, sources
+from lsp_dscoder.bench_protocol import Plan, bench_server, null_round_trips
+from lsp_dscoder.bench_report import distribution, print_head, print_null, print_row, sources
 from lsp_dscoder.bundled import default_model_path
 from lsp_dscoder.remote_http import RemoteError
 from lsp_dscoder.remote_llama import LlamaServer, convert
@@ -218,6 +218,8 @@ def print_remote(report: dict[str, Any]) -> None:
     for key, name in (("round_trip_ms", "bare round trip (dscoder/stats)"),
                       ("client_memory_ms", "typed through (from memory)")):  # fmt: skip
         print_row(name, (d[key] for d in docs))
+    ours = [d["remote"]["own_ms"] for d in docs]
+    print_null(report["null_round_trip_ms"], report["plan"]["interval_s"], ours)
     for d in docs:
         print(
             f"{d['size']}: {d['keystrokes']} keystrokes ({sources(d)}), {d['answered']} answered, "
@@ -244,6 +246,7 @@ def run_remote(args: argparse.Namespace) -> int:
         settings.setdefault("remoteRequest", {}).setdefault("timings_per_token", True)
         result = asyncio.run(bench_server(argv, folder, plan, settings))
         pair(result["documents"], replay(endpoint, trace))
+        result["null_round_trip_ms"] = asyncio.run(null_round_trips(plan))
     report = {"endpoint": endpoint, "model": str(folder), "plan": plan.__dict__, **result}
     if args.json:
         print(json.dumps(report, indent=1))

@@ -42,6 +42,7 @@ def test_protocol_bench_answers_every_keystroke(tiny_model: Path, delay_ms: int)
     assert sources["missing"] == 0 and sum(sources.values()) == KEYSTROKES
     assert doc["cold_record"]["source"] == "engine" and doc["cold_record"]["v"] == 1
     assert doc["round_trip_ms"]["n"] == ROUND_TRIPS
+    assert result["null_round_trip_ms"]["n"] == ROUND_TRIPS  # the pipes' floor, once per server
     assert doc["client_engine_ms"]["n"] == sources["engine"]
     assert doc["client_memory_ms"]["n"] == sources["memory"]
     assert doc["engine_ttft_ms"]["n"] <= sources["engine"]

@@ -92,3 +92,4 @@ def test_bench_pairs_each_keystroke_with_the_same_request_sent_directly(
     assert set(remote["stages_ms"]) >= {"encode", "write", "send", "response", "firstChunk", "parse"}
     # over stdio the first partial goes out from the stream's reader: the trace names its token
     assert remote["shown_tokens"]["n"] > 0 and remote["shown_tokens"]["p50"] >= 1
+    assert report["null_round_trip_ms"]["n"] == 2  # the floor: one per --round-trips

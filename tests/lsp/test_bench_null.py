@@ -1,0 +1,44 @@
+"""`python -m lsp_dscoder.bench_null`, the server that does no work under `bench --protocol`'s floor:
+a real process on real pipes, read by the bench's own client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from lsp_dscoder.bench_client import RpcClient
+from lsp_dscoder.bench_protocol import NULL_SERVER, Plan, null_round_trips
+
+
+async def _session() -> tuple[list[dict[str, object]], int, list[str]]:
+    client = await RpcClient.start(NULL_SERVER)
+    await client.notify("textDocument/didChange", {"textDocument": {"uri": "file:///a.py", "version": 2}})
+    transport = client.transport
+    assert transport is not None
+    stdin = transport.get_pipe_transport(0)
+    stdin.write(b"Content-Length: 9\r\n\r\nnot json!")  # a body that does not parse: skipped
+    first = await client.request("textDocument/inlineCompletion", {"position": {"line": 0, "character": 0}})
+    second = await client.request("dscoder/stats", None)
+    await client.wait(second, 30.0)
+    await client.wait(first, 30.0)
+    responses = [c.response for c in (first, second) if c.response is not None]
+    unknown = [json.dumps(m) for m in client.unknown]
+    code = await client.close()
+    return responses, code, unknown
+
+
+def test_every_request_is_answered_null_and_nothing_else_is_sent() -> None:
+    responses, code, unknown = asyncio.run(_session())
+    assert responses == [
+        {"jsonrpc": "2.0", "id": 1, "result": None},
+        {"jsonrpc": "2.0", "id": 2, "result": None},
+    ]
+    assert unknown == []  # nothing for the notification or the bad body: no message for an unknown id
+    assert code == 0  # `shutdown` answered, `exit` ends it
+
+
+def test_round_trips_are_counted_and_the_server_exits() -> None:
+    plan = Plan(sizes=("1k",), keystrokes=1, interval_s=0.01, round_trips=4)
+    floor = asyncio.run(null_round_trips(plan))
+    assert floor["n"] == 4
+    assert 0 < floor["p50"] <= floor["p90"]
