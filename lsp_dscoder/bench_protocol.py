@@ -67,7 +67,12 @@ def add_protocol_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--interval-ms", type=float, default=100.0, help="least time from one keystroke to the next"
     )
-    g.add_argument("--round-trips", type=int, default=20, help="bare round trips per document")
+    g.add_argument(
+        "--round-trips",
+        type=int,
+        default=20,
+        help="bare round trips per document, and to a server that does no work (the pipes' floor) per run",
+    )
     g.add_argument(
         "--request-delay-ms",
         type=float,
