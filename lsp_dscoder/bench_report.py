@@ -143,6 +143,8 @@ def sources(doc: dict[str, Any]) -> str:
 def print_null(floor: dict[str, Any], interval_s: float, ours: list[dict[str, Any]]) -> None:
     """The null server's round trip (bench_null.py: the pipes and the processes' wake-ups, no work) and
     how far our path's p50 (or our share's, remote) is above it, per document."""
+    if not floor["n"]:  # --round-trips 0
+        return
     beyond = ", ".join(f"{d['p50'] - floor['p50']:.2f}" if d["n"] else "n/a" for d in ours)
     print(
         f"null JSON-RPC server (no work), a request every {1e3 * interval_s:.0f} ms: round trip "
@@ -158,7 +160,7 @@ def print_report(report: dict[str, Any]) -> None:
         for key, name in ROWS:
             print_row(name, (d.get(key) or {"n": 0} for d in docs))
         print("| cold prompt (first request), ms | " + " | ".join(f"{d['cold_ms']:.1f}" for d in docs) + " |")
-        if (floor := r.get("null_round_trip_ms")) and floor["n"]:
+        if (floor := r.get("null_round_trip_ms")) is not None:  # a report of the tree before has none
             print_null(floor, report["plan"]["interval_s"], [d["client_minus_text_ms"] for d in docs])
         for d in docs:
             print(

@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from lsp_dscoder.bench_client import RpcClient
 from lsp_dscoder.bench_protocol import NULL_SERVER, Plan, null_round_trips
+from lsp_dscoder.bench_report import print_null
 
 
 async def _session() -> tuple[list[dict[str, object]], int, list[str]]:
@@ -42,3 +45,14 @@ def test_round_trips_are_counted_and_the_server_exits() -> None:
     floor = asyncio.run(null_round_trips(plan))
     assert floor["n"] == 4
     assert 0 < floor["p50"] <= floor["p90"]
+
+
+def test_the_report_line_sets_our_path_against_the_floor(capsys: pytest.CaptureFixture[str]) -> None:
+    floor = {"p50": 0.4, "p90": 0.9, "n": 20}
+    ours = [{"p50": 1.25, "p90": 2.0, "n": 21}, {"p50": None, "p90": None, "n": 0}]
+    print_null(floor, 0.1, ours)
+    print_null({"p50": None, "p90": None, "n": 0}, 0.1, ours)  # --round-trips 0: nothing to set it against
+    assert capsys.readouterr().out == (
+        "null JSON-RPC server (no work), a request every 100 ms: round trip 0.40 / 0.90 (n=20); "
+        "ours above it (p50s): 0.85, n/a ms\n"
+    )
