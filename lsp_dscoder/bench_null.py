@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import stat
 import sys
 from typing import Any
 
@@ -20,11 +21,13 @@ from lsp_dscoder.transport import new_loop
 
 
 class NullServer(asyncio.Protocol):
-    """Frames stdin and answers each request at once; `done` resolves at `exit` or the end of input."""
+    """Frames stdin and answers each request at once; `finished` at `exit` or the end of input, when
+    `done` (if given) resolves too."""
 
-    def __init__(self, out_fd: int, done: asyncio.Future[None]) -> None:
+    def __init__(self, out_fd: int, done: asyncio.Future[None] | None = None) -> None:
         self._out = out_fd
         self._done = done
+        self.finished = False
         self._framer = Framer(lambda reason: print(f"bench_null: skipped input ({reason})", file=sys.stderr))
 
     def data_received(self, data: bytes) -> None:
@@ -50,11 +53,20 @@ class NullServer(asyncio.Protocol):
         self._finish()
 
     def _finish(self) -> None:
-        if not self._done.done():
+        self.finished = True
+        if self._done is not None and not self._done.done():
             self._done.set_result(None)
 
 
 def main() -> int:
+    fd = sys.stdin.fileno()
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)):
+        # a regular file or a device such as /dev/null, which the event loop refuses: read it plainly
+        server = NullServer(sys.stdout.fileno())
+        while not server.finished and (data := os.read(fd, 1 << 16)):
+            server.data_received(data)
+        return 0
     loop = new_loop()
 
     async def serve() -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +59,17 @@ def test_the_report_line_sets_our_path_against_the_floor(capsys: pytest.CaptureF
         "null JSON-RPC server (no work), a request every 100 ms: round trip 0.40 / 0.90 (n=20); "
         "ours above it (p50s): 0.85, n/a ms\n"
     )
+
+
+def test_stdin_that_is_a_file_or_dev_null_is_read_plainly(tmp_path: Path) -> None:
+    """The event loop refuses regular files and devices (uvloop aborts the process): read them plainly."""
+    body = b'{"jsonrpc":"2.0","id":5,"method":"x"}'
+    requests = tmp_path / "requests"
+    requests.write_bytes(b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+    for stdin in (requests, Path(os.devnull)):
+        with stdin.open("rb") as f:
+            done = subprocess.run(NULL_SERVER, stdin=f, capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        reply = b'{"jsonrpc": "2.0", "id": 5, "result": null}'
+        expected = b"Content-Length: %d\r\n\r\n%b" % (len(reply), reply) if stdin == requests else b""
+        assert done.stdout == expected
