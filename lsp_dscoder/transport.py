@@ -218,17 +218,31 @@ class Wire(asyncio.Protocol):
 
 def serve_stdio(server: JsonRPCServer, stdin: BinaryIO, stdout_fd: int, seen: Seen | None = None) -> None:
     """Serve one client on stdin and `stdout_fd` until it exits or closes either pipe."""
-    loop = new_loop()
 
-    async def main() -> None:
-        done: asyncio.Future[None] = loop.create_future()
-        wire = Wire(Dispatcher(server, seen), done, tcp=False)
+    def writer(wire: Wire) -> None:
+        loop = asyncio.get_running_loop()
 
         def lost() -> None:  # found by a write on any thread: the wire ends on the loop's
             with contextlib.suppress(RuntimeError):  # the loop has closed: nobody left to tell
                 loop.call_soon_threadsafe(wire.end)
 
         server.protocol.set_writer(PipeWriter(stdout_fd, lost))
+
+    read_stdin(stdin, Dispatcher(server, seen), writer)
+
+
+def read_stdin(
+    stdin: BinaryIO, dispatch: Callable[[bytes], bool], ready: Callable[[Wire], None] | None = None
+) -> None:
+    """Frame `stdin` on an event loop of `new_loop()` and hand each message body to `dispatch` (False:
+    stop reading) until it ends. `ready(wire)` is called on the loop before the first read."""
+    loop = new_loop()
+
+    async def main() -> None:
+        done: asyncio.Future[None] = loop.create_future()
+        wire = Wire(dispatch, done, tcp=False)
+        if ready is not None:
+            ready(wire)
         fd = stdin.fileno()
         was_blocking = os.get_blocking(fd)
         pump: asyncio.Future[None] | None = None  # held: the loop keeps only a weak reference to tasks
