@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from lsp_dscoder.framing import Framer
+from lsp_dscoder.framing import Framer, framed
 
 PARTIAL = "dscoder/partialCompletion"
 _FIELD = re.compile(r"(\w+)=(\S+)")
@@ -120,14 +120,11 @@ class RpcClient:
 
     def _write(self, *messages: dict[str, Any]) -> None:
         """The messages framed and handed to the pipe in one write (one read for the server, usually)."""
-        data = bytearray()
-        for message in messages:
-            body = json.dumps(message, ensure_ascii=False).encode()
-            data += b"Content-Length: %d\r\n\r\n" % len(body) + body
+        data = b"".join(framed(json.dumps(message, ensure_ascii=False).encode()) for message in messages)
         assert self.transport is not None
         stdin = cast(asyncio.WriteTransport | None, self.transport.get_pipe_transport(0))
         if stdin is not None and not stdin.is_closing():
-            stdin.write(bytes(data))
+            stdin.write(data)
 
     async def send(self, *messages: dict[str, Any]) -> float:
         """Write messages back to back; the monotonic time once the pipe has taken them."""

@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from lsp_dscoder.framing import framed
 from lsp_dscoder.transport import read_stdin
 
 
@@ -29,8 +30,7 @@ def answer(out_fd: int, body: bytes) -> bool:
     if message.get("method") == "exit":
         return False
     if "id" in message and "method" in message:
-        reply = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": None}).encode()
-        os.write(out_fd, b"Content-Length: %d\r\n\r\n%b" % (len(reply), reply))
+        os.write(out_fd, framed(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": None}).encode()))
     return True
 
 

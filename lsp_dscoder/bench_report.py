@@ -160,8 +160,8 @@ def print_report(report: dict[str, Any]) -> None:
         for key, name in ROWS:
             print_row(name, (d.get(key) or {"n": 0} for d in docs))
         print("| cold prompt (first request), ms | " + " | ".join(f"{d['cold_ms']:.1f}" for d in docs) + " |")
-        if (floor := r.get("null_round_trip_ms")) is not None:  # a report of the tree before has none
-            print_null(floor, report["plan"]["interval_s"], [d["client_minus_text_ms"] for d in docs])
+        ours = [d["client_minus_text_ms"] for d in docs]
+        print_null(r["null_round_trip_ms"], report["plan"]["interval_s"], ours)
         for d in docs:
             print(
                 f"{d['size']}: {d['keystrokes']} keystrokes, {d['answered']} answered "

@@ -17,6 +17,7 @@ from pygls.protocol.language_server import lsp_method
 
 from lsp_dscoder.documents import check_version, keystroke_change
 from lsp_dscoder.errors import DocumentSyncError
+from lsp_dscoder.framing import framed
 from lsp_dscoder.rpc import DscoderProtocol
 
 if TYPE_CHECKING:
@@ -32,8 +33,7 @@ BACKEND_STATUS = "dscoder/status"
 
 def json_message(method: str, params: dict[str, Any]) -> bytes:
     """A notification with plain JSON params, framed."""
-    body = json.dumps({"jsonrpc": "2.0", "method": method, "params": params}).encode()
-    return b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    return framed(json.dumps({"jsonrpc": "2.0", "method": method, "params": params}).encode())
 
 
 class _Refused:

@@ -25,6 +25,11 @@ _OVERLAP = 64  # bytes rescanned for a header that straddles two reads
 _HEADER_SPAN = 256  # a Content-Length line inside a body is looked for this far before its line break
 
 
+def framed(body: bytes) -> bytes:
+    """`body` (JSON) as one message on the wire: its header, then it."""
+    return b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+
+
 class HeaderTooLong(Exception):
     """A header line longer than the limit (only raised when the framer is told to give up on one)."""
 
